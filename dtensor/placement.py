@@ -1,0 +1,108 @@
+"""Placements: how a tensor is laid out along one mesh axis.
+
+``Shard(dim)`` splits tensor dim ``dim`` into ``torch.chunk``-style pieces,
+``Replicate()`` keeps a full copy on every coordinate, and ``Partial(op)``
+holds pieces that must still be reduced with ``op``. They are pure values:
+frozen, hashable, and they never talk to the network.
+
+Example:
+    >>> from dtensor import Shard, Replicate, Partial
+    >>> str((Shard(0), Replicate(), Partial("max")))
+    "(S(0), R, P(max))"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dtensor.errors import PlacementError
+
+__all__ = ["REDUCE_OPS", "Partial", "Placement", "Replicate", "Shard"]
+
+#: Reduce ops a ``Partial`` placement may carry.
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+class Placement:
+    """Base of the three placement kinds; use the subclasses."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = ""
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Shard(Placement):
+    """Tensor dim ``dim`` is split across the mesh axis (``torch.chunk`` sizes).
+
+    Trailing coordinates may hold empty shards when the dim is not divisible.
+    A negative ``dim`` is kept as given here; specs normalise it against the
+    tensor's rank.
+    """
+
+    dim: int
+    kind: ClassVar[str] = "shard"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise PlacementError(
+                f"Shard(dim): expected an int tensor dim, got {self.dim!r} "
+                f"({type(self.dim).__name__})"
+            )
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate(Placement):
+    """Every coordinate of the mesh axis holds the full tensor."""
+
+    kind: ClassVar[str] = "replicate"
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Partial(Placement):
+    """Coordinates hold partial values; the tensor is their ``reduce_op``.
+
+    ``reduce_op`` is one of ``"sum"``, ``"avg"``, ``"max"``, ``"min"``.
+    """
+
+    reduce_op: str = "sum"
+    kind: ClassVar[str] = "partial"
+
+    def __post_init__(self) -> None:
+        if self.reduce_op not in REDUCE_OPS:
+            raise PlacementError(
+                f"Partial(reduce_op): expected one of {REDUCE_OPS}, "
+                f"got {self.reduce_op!r}"
+            )
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op is None or reduce_op == self.reduce_op
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_op})"
+
+
+def format_placements(placements: tuple[Placement, ...]) -> str:
+    """Compact form of a placement tuple, e.g. ``(S(0), R)``."""
+    return "(" + ", ".join(str(p) for p in placements) + ")"
