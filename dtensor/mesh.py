@@ -1,0 +1,353 @@
+"""DeviceMesh: an n-D grid of global ranks, its coordinates, and sub-meshes.
+
+A mesh may cover the whole world or only some of its ranks. Process groups
+for the mesh axes are created when the mesh is built, by the mesh's own ranks
+only (see ``dtensor._comm``): ranks outside the mesh may build it too, or not
+at all, and nothing hangs. Build meshes in the same order on the ranks that
+share them, as you would any SPMD code; the constructor creates each rank's
+axis groups in axis order, which keeps overlapping groups deadlock-free.
+
+Example:
+    >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    >>> mesh["tp"].size(), mesh.get_coordinate()   # on rank 3
+    (2, (1, 1))
+    >>> with mesh:                                 # the current mesh
+    ...     x = distribute_tensor(torch.ones(4, 4), placements=[Shard(0), Replicate()])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from dtensor import _comm
+from dtensor.errors import MeshError
+
+__all__ = ["DeviceMesh", "current_mesh", "init_device_mesh"]
+
+_stack = threading.local()
+
+
+def _mesh_stack() -> list[DeviceMesh]:
+    s = getattr(_stack, "meshes", None)
+    if s is None:
+        s = _stack.meshes = []
+    return s
+
+
+def current_mesh() -> DeviceMesh | None:
+    """The innermost mesh entered with ``with mesh:``, or ``None``."""
+    s = _mesh_stack()
+    return s[-1] if s else None
+
+
+class DeviceMesh:
+    """An n-D grid of global ranks on one device type.
+
+    Args:
+        device_type: ``"cpu"`` or ``"cuda"`` (any torch device type).
+        mesh: nested lists or an integer tensor of global ranks; every rank at
+            most once. It may leave some of the world's ranks out.
+        mesh_dim_names: optional unique names of the axes, for ``mesh["tp"]``.
+
+    Example:
+        >>> DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))
+    """
+
+    __slots__ = (
+        "_coordinate",
+        "_groups",
+        "_hash",
+        "_init_backend",
+        "_rank",
+        "_ranks",
+        "_shape",
+        "device_type",
+        "mesh",
+        "mesh_dim_names",
+    )
+
+    def __init__(
+        self,
+        device_type: str,
+        mesh: Sequence | torch.Tensor,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+        _init_backend: bool = True,
+    ) -> None:
+        if not isinstance(device_type, str):
+            raise MeshError(
+                f"DeviceMesh: device_type must be a str like 'cpu' or 'cuda', "
+                f"got {device_type!r}"
+            )
+        try:
+            grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise MeshError(
+                f"DeviceMesh: mesh must be a (nested) list or tensor of ranks, "
+                f"got {mesh!r} ({e})"
+            ) from None
+        if grid.ndim == 0:
+            grid = grid.reshape(1)
+        ranks = tuple(grid.flatten().tolist())
+        if len(set(ranks)) != len(ranks) or any(r < 0 for r in ranks):
+            raise MeshError(
+                f"DeviceMesh: each rank may appear once and ranks are >= 0, got {ranks}"
+            )
+        if grid.numel() == 0:
+            raise MeshError(f"DeviceMesh: the mesh is empty: {mesh!r}")
+        world = _comm.get_world_size()
+        if _init_backend and _comm.is_initialized() and max(ranks) >= world:
+            raise MeshError(
+                f"DeviceMesh: ranks {ranks} exceed the world of {world} ranks "
+                f"(valid ranks are 0..{world - 1})"
+            )
+        if mesh_dim_names is not None:
+            mesh_dim_names = tuple(mesh_dim_names)
+            if len(mesh_dim_names) != grid.ndim or len(set(mesh_dim_names)) != len(
+                mesh_dim_names
+            ):
+                raise MeshError(
+                    f"DeviceMesh: expected {grid.ndim} unique mesh_dim_names, "
+                    f"got {mesh_dim_names}"
+                )
+        self.device_type = device_type
+        self.mesh = grid
+        self.mesh_dim_names = mesh_dim_names
+        self._shape = tuple(grid.shape)
+        self._ranks = ranks
+        self._rank = _comm.get_rank()
+        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names))
+        if self._rank in ranks:
+            flat = ranks.index(self._rank)
+            self._coordinate = tuple(
+                int(i) for i in torch.unravel_index(torch.tensor(flat), self._shape)
+            )
+        else:
+            self._coordinate = None
+        self._groups: tuple | None = None
+        self._init_backend = _init_backend
+        if _init_backend and self._coordinate is not None and _comm.is_initialized():
+            # Created eagerly, axis by axis, so every member creates its groups
+            # in the same global order (lazy creation could interleave
+            # differently per rank and deadlock).
+            self._groups = tuple(
+                _comm.group_for(self._axis_ranks(axis)) if self._shape[axis] > 1 else None
+                for axis in range(self.ndim)
+            )
+
+    # Geometry ---------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The mesh's global ranks in row-major order."""
+        return self._ranks
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        """Number of ranks in the mesh, or along one axis."""
+        if mesh_dim is None:
+            return math.prod(self._shape)
+        return self._shape[self._axis(mesh_dim)]
+
+    def get_rank(self) -> int:
+        """This process's global rank."""
+        return self._rank
+
+    def get_coordinate(self) -> tuple[int, ...] | None:
+        """This rank's coordinate in the mesh, or ``None`` when it is outside."""
+        return self._coordinate
+
+    def is_member(self) -> bool:
+        return self._coordinate is not None
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's index along ``mesh_dim`` (required for n-D meshes)."""
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise MeshError(
+                    f"get_local_rank: mesh has {self.ndim} axes; pass mesh_dim"
+                )
+            mesh_dim = 0
+        axis = self._axis(mesh_dim)
+        if self._coordinate is None:
+            raise MeshError(
+                f"get_local_rank: rank {self._rank} is not in {self!r}; "
+                "check mesh.get_coordinate() is not None first"
+            )
+        return self._coordinate[axis]
+
+    def get_group(self, mesh_dim: int | str | None = None):
+        """The process group of this rank's line along ``mesh_dim``.
+
+        ``None`` on ranks outside the mesh. A size-1 axis has a one-rank group.
+        """
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise MeshError(f"get_group: mesh has {self.ndim} axes; pass mesh_dim")
+            mesh_dim = 0
+        axis = self._axis(mesh_dim)
+        if self._coordinate is None:
+            return None
+        group = self.axis_group(axis)
+        if group is None:
+            group = _comm.group_for(self._axis_ranks(axis))
+        return group
+
+    def axis_group(self, axis: int):
+        """Group of this rank's line along ``axis``; ``None`` for size-1 axes."""
+        if self._groups is None:
+            if self._coordinate is None:
+                return None
+            self._groups = tuple(
+                _comm.group_for(self._axis_ranks(a)) if self._shape[a] > 1 else None
+                for a in range(self.ndim)
+            )
+        return self._groups[axis]
+
+    def _axis_ranks(self, axis: int) -> tuple[int, ...]:
+        index = list(self._coordinate)
+        index[axis] = slice(None)
+        return tuple(self.mesh[tuple(index)].tolist())
+
+    def _axis(self, mesh_dim: int | str) -> int:
+        if isinstance(mesh_dim, str):
+            if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
+                raise MeshError(
+                    f"mesh has no axis named {mesh_dim!r}; "
+                    f"its axes are {self.mesh_dim_names}"
+                )
+            return self.mesh_dim_names.index(mesh_dim)
+        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int):
+            raise MeshError(f"mesh axis must be an int or a name, got {mesh_dim!r}")
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise MeshError(
+                f"mesh axis {mesh_dim} out of range for a {self.ndim}-D mesh"
+            )
+        return mesh_dim % self.ndim
+
+    # Sub-meshes -------------------------------------------------------------
+    def __getitem__(self, names: str | Sequence[str]) -> DeviceMesh:
+        """The sub-mesh over the named axes that contains this rank.
+
+        On a rank outside the mesh it is the sub-mesh at coordinate 0 of the
+        other axes (which the rank is not in either).
+        """
+        if isinstance(names, str):
+            names = (names,)
+        axes = [self._axis(n) for n in names]
+        if len(set(axes)) != len(axes):
+            raise MeshError(f"mesh[{names}]: each axis at most once")
+        if tuple(axes) == tuple(range(self.ndim)):
+            return self
+        coord = self._coordinate or (0,) * self.ndim
+        index = tuple(slice(None) if a in axes else coord[a] for a in range(self.ndim))
+        grid = self.mesh[index]
+        # Axes come out in mesh order from indexing; reorder as asked.
+        kept = sorted(axes)
+        grid = grid.permute([kept.index(a) for a in axes])
+        names_out = (
+            tuple(self.mesh_dim_names[a] for a in axes) if self.mesh_dim_names else None
+        )
+        return DeviceMesh(
+            self.device_type,
+            grid,
+            mesh_dim_names=names_out,
+            _init_backend=self._init_backend,
+        )
+
+    # The current mesh -------------------------------------------------------
+    def __enter__(self) -> DeviceMesh:
+        _mesh_stack().append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _mesh_stack().pop()
+
+    # Identity ----------------------------------------------------------------
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DeviceMesh):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.device_type == other.device_type
+            and self._shape == other._shape
+            and self._ranks == other._ranks
+            and self.mesh_dim_names == other.mesh_dim_names
+        )
+
+    def __repr__(self) -> str:
+        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        return f"DeviceMesh({self.device_type!r}, {self.mesh.tolist()}{names})"
+
+    def __str__(self) -> str:
+        names = self.mesh_dim_names or tuple(f"a{i}" for i in range(self.ndim))
+        dims = ",".join(f"{n}={s}" for n, s in zip(names, self._shape, strict=True))
+        return f"{self.device_type}<{dims}>"
+
+
+def _ensure_world(device_type: str) -> None:
+    import torch.distributed as dist
+
+    if _comm.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return  # single process: meshes of rank 0 work without a world
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """A mesh of shape ``mesh_shape`` over all ranks of the world, row-major.
+
+    Initialises the default process group from the torchrun environment if
+    needed (Gloo for ``cpu``, NCCL for ``cuda`` with one GPU per ``LOCAL_RANK``).
+    For a grid over only some ranks use ``DeviceMesh(device_type, ranks)``.
+
+    Example:
+        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    """
+    if isinstance(mesh_shape, int):
+        mesh_shape = (mesh_shape,)
+    mesh_shape = tuple(mesh_shape)
+    if not mesh_shape or any(
+        isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape
+    ):
+        raise MeshError(
+            f"init_device_mesh: mesh_shape must be positive ints, got {mesh_shape}"
+        )
+    _ensure_world(device_type)
+    world = _comm.get_world_size()
+    if math.prod(mesh_shape) != world:
+        raise MeshError(
+            f"init_device_mesh: mesh_shape {mesh_shape} holds "
+            f"{math.prod(mesh_shape)} ranks but the world has {world}. Use "
+            "DeviceMesh(device_type, ranks) for a mesh over some of the ranks."
+        )
+    if device_type == "cuda" and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    grid = torch.arange(world).reshape(mesh_shape)
+    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
