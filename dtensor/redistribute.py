@@ -1,0 +1,175 @@
+"""Redistribute: a pure plan of per-axis steps, then their execution.
+
+``plan(src, dst, mesh_shape)`` turns two placement tuples into a tuple of
+``Step`` values without touching the network; ``execute`` runs them on a
+local tensor through ``dtensor._comm``. The plan has four phases:
+
+1. reduce: every ``Partial`` axis whose target differs is all-reduced.
+2. gather: for each tensor dim, the axes that shard it in the source but are
+   not part of the longest common prefix with the target are all-gathered,
+   innermost axis first (with nested sharding only the innermost piece can be
+   gathered without reordering rows, the bug behind upstream issue 194457).
+3. slice: target shards not yet in place are cut locally, outer axis first.
+4. partial: ``Replicate`` axes that become ``Partial`` keep or zero values.
+
+Example:
+    >>> plan((Shard(0), Shard(0)), (Replicate(), Shard(0)), (2, 2))
+    (Step(axis=1, kind='gather', ...), Step(axis=0, kind='gather', ...),
+     Step(axis=1, kind='slice', ...))
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dtensor import _comm
+from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.spec import local_block, shard_range
+
+__all__ = ["Step", "execute", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One transition on one mesh axis.
+
+    kind: ``reduce`` (Partial → Replicate), ``gather`` (Shard → Replicate),
+    ``slice`` (Replicate → Shard), ``to_partial`` (Replicate → Partial).
+    ``before`` is the full placement tuple before the step runs.
+    """
+
+    axis: int
+    kind: str
+    src: Placement
+    dst: Placement
+    before: tuple[Placement, ...]
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.axis}:{self.src}->{self.dst}"
+
+
+def _shard_order(placements: Sequence[Placement], dim: int) -> list[int]:
+    return [a for a, p in enumerate(placements) if isinstance(p, Shard) and p.dim == dim]
+
+
+def plan(
+    src: Sequence[Placement], dst: Sequence[Placement], mesh_shape: Sequence[int]
+) -> tuple[Step, ...]:
+    """Steps that turn layout ``src`` into ``dst`` (pure; no communication).
+
+    Axes of size 1 never need communication but are still planned, so the
+    placement bookkeeping stays exact; ``execute`` skips their collectives.
+    """
+    return _plan(tuple(src), tuple(dst), tuple(mesh_shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
+    if src == dst:
+        return ()
+    cur = list(src)
+    steps: list[Step] = []
+
+    def emit(axis: int, kind: str, new: Placement) -> None:
+        steps.append(Step(axis, kind, cur[axis], new, tuple(cur)))
+        cur[axis] = new
+
+    # 1. reduce pending partial sums that the target does not keep.
+    for axis, (s, d) in enumerate(zip(src, dst, strict=True)):
+        if isinstance(s, Partial) and s != d:
+            emit(axis, "reduce", Replicate())
+
+    # 2. gather source shards outside the common prefix, innermost first.
+    dims = {p.dim for p in src + dst if isinstance(p, Shard)}
+    for dim in sorted(dims):
+        s_axes, d_axes = _shard_order(cur, dim), _shard_order(dst, dim)
+        keep = 0
+        while keep < min(len(s_axes), len(d_axes)) and s_axes[keep] == d_axes[keep]:
+            keep += 1
+        for axis in reversed(s_axes[keep:]):
+            emit(axis, "gather", Replicate())
+
+    # 3. slice target shards, outer axis first (left-to-right nesting).
+    for axis, d in enumerate(dst):
+        if isinstance(d, Shard) and cur[axis] != d:
+            emit(axis, "slice", d)
+
+    # 4. replicate -> partial.
+    for axis, d in enumerate(dst):
+        if isinstance(d, Partial) and cur[axis] != d:
+            emit(axis, "to_partial", d)
+
+    assert tuple(cur) == dst, (src, dst, cur)
+    return tuple(steps)
+
+
+def execute(
+    local: torch.Tensor,
+    steps: Sequence[Step],
+    global_shape: Sequence[int],
+    mesh,
+) -> torch.Tensor:
+    """Run ``steps`` on this rank's ``local`` block; returns the new local block.
+
+    Must be called by every member of ``mesh``; outsiders never call it.
+    """
+    coord = mesh.get_coordinate()
+    for step in steps:
+        n = mesh.shape[step.axis]
+        group = mesh.axis_group(step.axis) if n > 1 else None
+        if step.kind == "reduce":
+            if group is not None:
+                local = _comm.all_reduce(local, step.src.reduce_op, group)
+        elif step.kind == "gather":
+            if group is not None:
+                local = _gather(local, step, global_shape, mesh.shape, coord, group)
+        elif step.kind == "slice":
+            local = _slice(local, step, global_shape, mesh.shape, coord)
+        elif step.kind == "to_partial":
+            if step.dst.reduce_op == "sum" and coord[step.axis] != 0:
+                local = torch.zeros_like(local)
+        else:  # pragma: no cover - plan() emits only the kinds above
+            raise AssertionError(step.kind)
+    return local
+
+
+def _outer_range(step, global_shape, mesh_shape, coord, dim) -> tuple[int, int]:
+    """(offset, length) along ``dim`` of the block that ``step.axis`` splits."""
+    outer = [
+        p if a < step.axis else Replicate() for a, p in enumerate(step.before)
+    ]
+    shape, offset = local_block(global_shape, mesh_shape, outer, coord)
+    return offset[dim], shape[dim]
+
+
+def _gather(local, step, global_shape, mesh_shape, coord, group) -> torch.Tensor:
+    dim = step.src.dim
+    n = mesh_shape[step.axis]
+    _, length = _outer_range(step, global_shape, mesh_shape, coord, dim)
+    piece = -(-length // n)
+    if dim == 0 and piece * n == length:
+        # Even split of dim 0: the gathered buffer already is the result.
+        return _comm.all_gather_cat(local, group)
+    lengths = [shard_range(length, n, i)[1] for i in range(n)]
+    if local.shape[dim] != piece:  # uneven: pad to the largest piece
+        pad_shape = list(local.shape)
+        pad_shape[dim] = piece - local.shape[dim]
+        local = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
+    pieces = _comm.all_gather(local, group)
+    pieces = [p.narrow(dim, 0, k) for p, k in zip(pieces, lengths, strict=True)]
+    return torch.cat(pieces, dim=dim)
+
+
+def _slice(local, step, global_shape, mesh_shape, coord) -> torch.Tensor:
+    dim = step.dst.dim
+    n = mesh_shape[step.axis]
+    _, length = _outer_range(step, global_shape, mesh_shape, coord, dim)
+    assert local.shape[dim] == length, (local.shape, dim, length, step)
+    start, size = shard_range(length, n, coord[step.axis])
+    # clone: the shard must not alias the replicated source (a later in-place
+    # op on one would silently change the other).
+    return local.narrow(dim, start, size).clone()

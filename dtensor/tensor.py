@@ -1,0 +1,483 @@
+"""The DTensor subclass and the differentiable ways in and out of it.
+
+A ``DTensor`` wraps this rank's local block and an immutable ``DTensorSpec``.
+Autograd records ops on the DTensor itself; the local tensor never requires
+grad. ``from_local``, ``to_local``, ``redistribute`` and ``distribute_tensor``
+are autograd functions, so gradients flow between local and distributed code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dtensor import _comm
+from dtensor.errors import MeshError, PlacementError, ShardingError
+from dtensor.mesh import DeviceMesh, current_mesh
+from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
+from dtensor.redistribute import execute, plan
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, local_block
+
+__all__ = ["DTensor", "distribute_tensor"]
+
+
+_dispatch_mode_active = torch._C._len_torch_dispatch_stack
+
+
+class _Hooks:
+    """Late-bound entry points (dispatch and random ops import this module)."""
+
+    def __getattr__(self, name):
+        from dtensor import _random_ops, dispatch
+
+        self.dispatch = dispatch.dispatch
+        self.random = _random_ops.HANDLERS
+        return getattr(self, name)
+
+
+_hooks = _Hooks()
+
+
+def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
+    if mesh is None:
+        mesh = current_mesh()
+        if mesh is None:
+            raise MeshError(
+                f"{what}: no device_mesh given and no current mesh; pass "
+                "device_mesh=... or use `with mesh:`"
+            )
+    elif not isinstance(mesh, DeviceMesh):
+        raise MeshError(f"{what}: expected a dtensor.DeviceMesh, got {type(mesh).__name__}")
+    return mesh
+
+
+def _check_tensor(x, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ShardingError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def _empty_local(spec: DTensorSpec, device) -> torch.Tensor:
+    shape, _ = local_block(spec.shape, spec.mesh.shape, spec.placements, None)
+    return torch.empty(shape, dtype=spec.dtype, device=device)
+
+
+class DTensor(torch.Tensor):
+    """A tensor distributed over a ``DeviceMesh`` by a tuple of placements.
+
+    Build one with ``distribute_tensor`` or ``DTensor.from_local``; read it with
+    ``to_local()`` or ``full_tensor()``.
+
+    Example:
+        >>> mesh = init_device_mesh("cpu", (2,))
+        >>> x = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+        >>> x.to_local()            # rank 1
+        tensor([2., 3.])
+        >>> (x * 2).full_tensor()
+        tensor([0., 2., 4., 6.])
+    """
+
+    _local_tensor: torch.Tensor
+    _spec: DTensorSpec
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
+        meta = spec.tensor_meta
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.shape,
+            strides=meta.stride,
+            dtype=meta.dtype,
+            device=local_tensor.device,
+            layout=local_tensor.layout,
+            requires_grad=requires_grad,
+        )
+        r._local_tensor = local_tensor
+        r._spec = spec
+        return r
+
+    # Public metadata ---------------------------------------------------------
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._spec.mesh
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        return self._spec.placements
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return (
+            f"DTensor(local_tensor={self._local_tensor}, spec={self._spec}, "
+            f"device_mesh={self._spec.mesh!r}, placements={self._spec.placements})"
+        )
+
+    # Metadata-only methods bypass the dispatcher: their output reuses this
+    # DTensor's spec object, which is safe because specs are immutable. Under
+    # an active dispatch mode (fake tensors, tracing) they take the normal path.
+    def detach(self) -> DTensor:
+        if _dispatch_mode_active():
+            return super().detach()
+        return DTensor(self._local_tensor.detach(), self._spec)
+
+    def view_as(self, other: torch.Tensor) -> torch.Tensor:
+        if (
+            not self.requires_grad
+            and isinstance(other, DTensor)
+            and other._spec.tensor_meta.shape == self._spec.tensor_meta.shape
+            and not _dispatch_mode_active()
+        ):
+            return DTensor(self._local_tensor.view_as(self._local_tensor), self._spec)
+        return super().view_as(other)
+
+    # torch.compile needs to take DTensors apart and rebuild them.
+    def __tensor_flatten__(self):
+        return ["_local_tensor"], (self._spec, self.requires_grad)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, flatten_spec, outer_size, outer_stride):
+        spec, requires_grad = flatten_spec
+        local = inner_tensors["_local_tensor"]
+        meta = spec.tensor_meta
+        if tuple(outer_size) != meta.shape or tuple(outer_stride) != meta.stride:
+            spec = spec.with_meta(TensorMeta(outer_size, outer_stride, local.dtype))
+        return DTensor(local, spec, requires_grad=requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        random_op = _hooks.random.get(func)
+        if random_op is not None:
+            return random_op(func, args, kwargs or {})
+        return _hooks.dispatch(func, args, kwargs or {})
+
+    # Ways in and out ------------------------------------------------------------
+    @staticmethod
+    def from_local(
+        local_tensor: torch.Tensor,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        run_check: bool = False,
+        shape: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+    ) -> DTensor:
+        """Wrap this rank's block ``local_tensor`` as a DTensor (differentiable).
+
+        Without ``shape`` the global shape is inferred assuming even shards
+        (every rank's block as large as this one). Pass ``shape`` for uneven
+        shards. ``run_check=True`` checks, with collectives over the mesh, that
+        every rank's block fits ``shape`` and that replicas agree in shape.
+
+        Example:
+            >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape
+            torch.Size([4, 3])      # on 2 ranks
+        """
+        _check_tensor(local_tensor, "from_local")
+        mesh = _resolve_mesh(device_mesh, "from_local")
+        if placements is None:
+            placements = (Replicate(),) * mesh.ndim
+        if shape is None:
+            if stride is not None:
+                raise PlacementError("from_local: stride given without shape")
+            gshape = list(local_tensor.shape)
+            for axis, p in enumerate(_norm(placements, mesh, local_tensor.ndim)):
+                if isinstance(p, Shard):
+                    gshape[p.dim] *= mesh.shape[axis]
+            shape = tuple(gshape)
+        shape = tuple(int(s) for s in shape)
+        stride = tuple(stride) if stride is not None else contiguous_stride(shape)
+        spec = DTensorSpec(mesh, tuple(placements), TensorMeta(shape, stride, local_tensor.dtype))
+        coord = mesh.get_coordinate()
+        if coord is not None:
+            expected, _ = spec.local_block(coord)
+            if run_check:
+                _run_check(local_tensor, spec)
+            elif tuple(local_tensor.shape) != expected and len(shape) == local_tensor.ndim:
+                raise PlacementError(
+                    f"from_local: local block of shape {tuple(local_tensor.shape)} does "
+                    f"not fit global shape {shape} with {format_placements(spec.placements)} "
+                    f"at coordinate {coord}: expected {expected}. Pass the global "
+                    "shape= for uneven shards."
+                )
+        else:
+            local_tensor = _empty_local(spec, local_tensor.device)
+        if not (local_tensor.requires_grad and torch.is_grad_enabled()):
+            return DTensor(local_tensor, spec)
+        return _FromLocal.apply(local_tensor, spec)
+
+    def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
+        """This rank's block as a plain tensor (differentiable).
+
+        ``grad_placements`` says how the gradient of the result is laid out
+        (default: this DTensor's placements).
+        """
+        if not torch.is_grad_enabled() or not self.requires_grad:
+            return self._local_tensor
+        spec = self._spec
+        if grad_placements is not None:
+            spec = spec.with_placements(_norm(grad_placements, spec.mesh, spec.ndim))
+        return _ToLocal.apply(self, spec)
+
+    def redistribute(
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        async_op: bool = False,
+    ) -> DTensor:
+        """The same global tensor laid out by ``placements`` (differentiable).
+
+        Example:
+            >>> x.redistribute(mesh, [Replicate()]).to_local()   # all-gather
+        """
+        mesh = device_mesh or self._spec.mesh
+        if mesh != self._spec.mesh:
+            raise MeshError(
+                f"redistribute: cannot move between meshes ({self._spec.mesh} -> "
+                f"{mesh}); redistribute on {self._spec.mesh} or use from_local"
+            )
+        if placements is None:
+            placements = [Replicate() if p.is_partial() else p for p in self.placements]
+        dst = _norm(placements, mesh, self.ndim)
+        if dst == self._spec.placements:
+            return self
+        return _Redistribute.apply(self, self._spec.with_placements(dst))
+
+    def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
+        """The whole global tensor on every member rank (differentiable).
+
+        Ranks outside the mesh get an empty tensor of the right dtype.
+        """
+        replicated = self.redistribute(self._spec.mesh, [Replicate()] * self._spec.mesh.ndim)
+        return replicated.to_local(grad_placements=grad_placements)
+
+
+def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
+    from dtensor.spec import normalize_placements
+
+    return normalize_placements(placements, mesh.ndim, ndim)
+
+
+def _run_check(local: torch.Tensor, spec: DTensorSpec) -> None:
+    """Every member checks its block against the spec; all agree on the verdict."""
+    mesh = spec.mesh
+    coord = mesh.get_coordinate()
+    expected, _ = spec.local_block(coord)
+    ok = tuple(local.shape) == expected and local.dtype == spec.dtype
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    bad = int(_mesh_max(flag, mesh).item())
+    if bad:
+        raise PlacementError(
+            f"from_local(run_check=True): some rank's block does not fit global shape "
+            f"{spec.shape} with {format_placements(spec.placements)} on {mesh}. "
+            f"This rank (coordinate {coord}) has {tuple(local.shape)} {local.dtype}, "
+            f"expected {expected} {spec.dtype}."
+        )
+
+
+def _mesh_max(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Max of ``t`` over every rank of ``mesh`` (members only)."""
+    for axis in range(mesh.ndim):
+        group = mesh.axis_group(axis)
+        if group is not None:
+            t = _comm.all_reduce(t.to(_device_of(mesh)), "max", group).cpu()
+    return t
+
+
+def _device_of(mesh: DeviceMesh) -> torch.device:
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
+    """Layout a gradient takes on its way back to a tensor laid out by ``src``.
+
+    The gradient of a partial piece is the full gradient (for sum) on every
+    coordinate, so ``Partial`` axes become ``Replicate``.
+    """
+    if not src.has_partial():
+        return src
+    return src.with_placements(
+        [Replicate() if isinstance(p, Partial) else p for p in src.placements]
+    )
+
+
+def _partial_scale(src: DTensorSpec) -> int:
+    """Divisor of the gradient for ``Partial(avg)`` axes; rejects max/min."""
+    scale = 1
+    for axis, p in enumerate(src.placements):
+        if isinstance(p, Partial):
+            if p.reduce_op == "avg":
+                scale *= src.mesh.shape[axis]
+            elif p.reduce_op in ("max", "min"):
+                raise ShardingError(
+                    f"backward through Partial({p.reduce_op!r}) on mesh axis {axis} is "
+                    "not supported; redistribute to Replicate() before differentiating"
+                )
+    return scale
+
+
+def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) -> torch.Tensor:
+    """Move ``local`` (a block of ``src``) to its block of ``dst``; members only."""
+    mesh = src.mesh
+    if mesh.get_coordinate() is None:
+        return local if src.placements == dst.placements else _empty_local(dst, local.device)
+    steps = plan(src.placements, dst.placements, mesh.shape)
+    if not steps:
+        return local
+    return execute(local, steps, src.shape, mesh)
+
+
+def _redistribute_grad(grad, target: DTensorSpec) -> DTensor:
+    """The gradient (same global value) laid out like ``target``, partials replicated."""
+    if not isinstance(grad, DTensor):
+        raise ShardingError("redistribute backward: expected a DTensor gradient")
+    gspec = grad._spec
+    want = _grad_spec_for(target)
+    local = grad._local_tensor
+    if gspec.placements != want.placements:
+        local = redistribute_local(local, gspec, gspec.with_placements(want.placements))
+    return DTensor(local, want.with_meta(gspec.tensor_meta))
+
+
+class _Redistribute(torch.autograd.Function):
+    """Change layout in forward; move the gradient back to the source layout in backward."""
+
+    @staticmethod
+    def forward(ctx, x: DTensor, dst: DTensorSpec):
+        ctx.src = x._spec
+        return DTensor(redistribute_local(x._local_tensor, x._spec, dst), dst)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _redistribute_grad(grad, ctx.src), None
+
+
+class _FromLocal(torch.autograd.Function):
+    """Wrap a local block in forward; unwrap the gradient's block (in the source layout) in backward."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, spec: DTensorSpec):
+        ctx.spec = spec
+        # view_as: the DTensor must not share the autograd identity of `local`.
+        return DTensor(local.view_as(local), spec)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor):
+        # The gradient of a partial piece: the global gradient, divided by the
+        # number of pieces for an average.
+        local = _redistribute_grad(grad, ctx.spec)._local_tensor
+        scale = _partial_scale(ctx.spec)
+        return (local / scale if scale != 1 else local), None
+
+
+class _ToLocal(torch.autograd.Function):
+    """Unwrap in forward; wrap the local gradient with ``grad_placements`` in backward."""
+
+    @staticmethod
+    def forward(ctx, x: DTensor, grad_spec: DTensorSpec):
+        ctx.grad_spec = grad_spec
+        return x._local_tensor.view_as(x._local_tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        spec = ctx.grad_spec
+        if spec.mesh.get_coordinate() is None:
+            grad = _empty_local(spec, grad.device)
+        return DTensor(grad, spec), None
+
+
+class _Distribute(torch.autograd.Function):
+    """Cut a global tensor in forward; gather the gradient to a full tensor in backward."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, spec: DTensorSpec, src_data_rank):
+        ctx.spec = spec
+        mesh = spec.mesh
+        coord = mesh.get_coordinate()
+        if coord is None:
+            return DTensor(_empty_local(spec, tensor.device), spec)
+        local = tensor.detach()
+        if src_data_rank is not None:
+            local = _broadcast_from(local, mesh, src_data_rank)
+        replicated = spec.with_placements(
+            [Replicate() if isinstance(p, Shard) else p for p in spec.placements]
+        )
+        src = replicated.with_placements([Replicate()] * mesh.ndim)
+        local = redistribute_local(local, src, spec)
+        if local is tensor or local._base is tensor:
+            local = local.clone()
+        return DTensor(local, spec)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor):
+        spec = grad._spec
+        if spec.mesh.get_coordinate() is None:
+            return None, None, None
+        full = redistribute_local(
+            grad._local_tensor, spec, spec.with_placements([Replicate()] * spec.mesh.ndim)
+        )
+        return full, None, None
+
+
+def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -> torch.Tensor:
+    """Make every member hold global rank ``src_data_rank``'s copy."""
+    if src_data_rank not in mesh.ranks:
+        raise MeshError(
+            f"distribute_tensor: src_data_rank={src_data_rank} is not in {mesh!r}; "
+            "pass one of its ranks, or None to use each rank's own copy"
+        )
+    coord = mesh.get_coordinate()
+    src_coord = mesh.mesh.flatten().tolist().index(src_data_rank)
+    src_coord = [int(i) for i in torch.unravel_index(torch.tensor(src_coord), mesh.shape)]
+    # Broadcast along each axis in turn, along the lines through the source.
+    for axis in range(mesh.ndim):
+        group = mesh.axis_group(axis)
+        if group is None:
+            continue
+        on_line = all(coord[a] == src_coord[a] for a in range(axis))
+        if on_line:
+            local = _comm.broadcast(local, src_coord[axis], group)
+    return local
+
+
+def distribute_tensor(
+    tensor: torch.Tensor,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> DTensor:
+    """Lay a global tensor out over a mesh (differentiable).
+
+    Every member passes a tensor of the same shape; the values of global rank
+    ``src_data_rank`` are used (broadcast first), or each rank's own when it
+    is ``None``. ``Partial`` placements keep the value on one coordinate (sum)
+    or all of them (avg/max/min).
+
+    Example:
+        >>> distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)]).to_local().shape
+        torch.Size([4, 2])   # on 2 ranks
+    """
+    _check_tensor(tensor, "distribute_tensor")
+    if isinstance(tensor, DTensor):
+        raise ShardingError(
+            "distribute_tensor: got a DTensor; use .redistribute(mesh, placements) "
+            "to change its layout"
+        )
+    mesh = _resolve_mesh(device_mesh, "distribute_tensor")
+    if placements is None:
+        placements = (Replicate(),) * mesh.ndim
+    device = _device_of(mesh)
+    if tensor.device.type != device.type:
+        tensor = tensor.to(device)
+    meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
+    spec = DTensorSpec(mesh, tuple(placements), meta)
+    if tensor.requires_grad and tensor.grad_fn is None:
+        # A leaf (a parameter, say) gives a leaf DTensor that owns its .grad,
+        # as in torch.distributed.tensor; computed tensors stay differentiable.
+        with torch.no_grad():
+            out = _Distribute.apply(tensor.detach(), spec, src_data_rank)
+        return out.requires_grad_(True)
+    return _Distribute.apply(tensor, spec, src_data_rank)
