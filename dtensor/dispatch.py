@@ -1,0 +1,634 @@
+"""``__torch_dispatch__`` for DTensor: specs → rule → redistribute → local op.
+
+Per call: metadata-only ops (detach, alias, same-shape view) return a new
+DTensor that reuses the input's spec object — safe because specs are
+immutable. Everything else is keyed by an op schema (the op, the input specs
+and the non-tensor arguments) whose propagation result is cached: which
+placements each input needs and what each output's spec is. A cache hit costs
+a dict lookup; a miss asks the op family's rule for placements and infers
+output shapes from meta tensors of the global shapes (no fake-tensor mode).
+
+Ops without a rule still give the single-device answer: inputs become
+``Replicate``, the op runs locally and its outputs are ``Replicate``. Ranks
+outside an op's mesh never communicate; they get empty outputs of the right
+dtype (``None`` for Python scalars).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from dtensor.errors import MeshError, ShardingError, UnsupportedOpError
+from dtensor.placement import Placement, Replicate, format_placements
+from dtensor.spec import DTensorSpec, TensorMeta, local_block
+from dtensor.tensor import DTensor, _device_of, _mesh_max, redistribute_local
+
+__all__ = [
+    "OpCall",
+    "Sharding",
+    "dispatch",
+    "implicit_replication",
+    "register_rule",
+]
+
+log = logging.getLogger("dtensor.dispatch")
+aten = torch.ops.aten
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def implicit_replication():
+    """Allow plain (non-scalar) tensors as operands: they count as ``Replicate``.
+
+    Example:
+        >>> with implicit_replication():
+        ...     y = dt + torch.ones(4)     # the plain tensor is replicated
+    """
+    old = getattr(_state, "implicit", False)
+    _state.implicit = True
+    try:
+        yield
+    finally:
+        _state.implicit = old
+
+
+@dataclass(frozen=True, slots=True)
+class OpCall:
+    """What a rule sees: the op, the input specs, and the other arguments.
+
+    ``specs`` lists the DTensor (and implicitly replicated plain tensor)
+    operands in the order they appear in ``args`` then ``kwargs``, flattened;
+    ``args``/``kwargs`` hold each such operand's spec in its place.
+    """
+
+    func: Any
+    specs: tuple[DTensorSpec, ...]
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """A rule's answer: placements the inputs need, and the outputs' placements.
+
+    ``inputs[i]`` is the placement tuple operand ``i`` must have (``None``:
+    keep it). ``outputs`` is one placement tuple per tensor output, in pytree
+    order of the op's result (for an op returning ``Tensor[]``, one tuple
+    stands for every element). ``scalar_reduce`` names how a Python-scalar
+    result is combined over the mesh ("all" for and-ing bools), if at all.
+    ``local``, if given, computes this rank's outputs instead of calling the
+    op on the local blocks: ``local(func, coord, out_specs, args, kwargs)``
+    with local tensors in ``args``/``kwargs`` (e.g. a view whose size
+    argument must be this rank's block shape).
+    """
+
+    inputs: tuple[tuple[Placement, ...] | None, ...]
+    outputs: tuple[tuple[Placement, ...], ...]
+    scalar_reduce: str | None = None
+    local: Any = None
+
+
+_rules: dict[Any, Any] = {}
+_packet_rules: dict[Any, Any] = {}
+_logged_fallback: set = set()
+
+
+def register_rule(*ops):
+    """Decorator: ``rule(call: OpCall) -> Sharding | None`` for these ops.
+
+    ``ops`` may be overloads (``aten.add.Tensor``) or packets (``aten.add``,
+    every overload). Returning ``None`` falls back to replication.
+
+    Example:
+        >>> @register_rule(torch.ops.mylib.scale.default)
+        ... def scale_rule(call):
+        ...     (spec,) = call.specs
+        ...     return Sharding(inputs=(None,), outputs=(spec.placements,))
+    """
+
+    def wrap(rule):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                _packet_rules[op] = rule
+            else:
+                _rules[op] = rule
+        return rule
+
+    return wrap
+
+
+def _rule_for(func):
+    rule = _rules.get(func)
+    if rule is None:
+        rule = _packet_rules.get(func.overloadpacket)
+        if rule is None:
+            from dtensor.rules import rule_for_tags
+
+            rule = rule_for_tags(func)
+        _rules[func] = rule or _NO_RULE
+    return None if rule is _NO_RULE else rule
+
+
+def _NO_RULE(call):  # pragma: no cover - sentinel
+    return None
+
+
+# Metadata-only fast paths: the output is the input's spec, by identity.
+def _alias_of_self(func, args, kwargs):
+    x = args[0]
+    return DTensor(func(x._local_tensor), x._spec, requires_grad=False)
+
+
+_SPEC_ALIASING = {aten.detach.default, aten.alias.default}
+
+
+def _unwrap_key(x, specs, locals_, implicit_ok):
+    """Replace a DTensor/plain tensor by its spec; remember the local."""
+    if isinstance(x, DTensor):
+        specs.append(x._spec)
+        locals_.append(x)
+        return x._spec
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 or implicit_ok or x.numel() == 1:
+            locals_.append(x)
+            specs.append(None)
+            return _PlainKey(tuple(x.shape), x.dtype, x.device.type)
+        return _Plain(x)
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class _PlainKey:
+    shape: tuple
+    dtype: torch.dtype
+    device: str
+
+
+class _Plain:
+    """A plain tensor that may not be implicitly replicated (error later)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """Cached propagation result for one op schema."""
+
+    targets: tuple[DTensorSpec | None, ...]  # per operand; None = as is
+    out_specs: tuple[DTensorSpec, ...]
+    fallback: bool
+    scalar_reduce: str | None
+    local: Any = None
+    # Operands the op writes (in-place self, out=) that were redistributed:
+    # their new values are moved back into the operand's own layout.
+    write_back: tuple[int, ...] = ()
+
+
+_cache: dict = {}
+
+# In-place view ops (composites such as matmul of a 1-D operand use them):
+# run the out-of-place view, then give self its block, spec and shape.
+_INPLACE_VIEWS = {
+    aten.squeeze_.dim: aten.squeeze.dim,
+    aten.squeeze_.dims: aten.squeeze.dims,
+    aten.squeeze_.default: aten.squeeze.default,
+    aten.unsqueeze_.default: aten.unsqueeze.default,
+    aten.transpose_.default: aten.transpose.int,
+    aten.t_.default: aten.t.default,
+}
+
+
+def _inplace_view(func, args, kwargs):
+    self = args[0]
+    if not isinstance(self, DTensor):
+        raise UnsupportedOpError(f"{func}: self must be a DTensor")
+    out = dispatch(_INPLACE_VIEWS[func], args, kwargs)
+    self._local_tensor = out._local_tensor
+    self._spec = out._spec
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        aten.as_strided_.default(self, out._spec.shape, out._spec.stride)
+    return self
+_RESIZING = {aten.resize_.default, aten.set_.source_Tensor, aten.set_.default}
+
+
+def _flatten(args, kwargs):
+    """(key, operands) where key replaces tensors by specs; fast for flat args."""
+    specs: list = []
+    operands: list = []
+    implicit_ok = getattr(_state, "implicit", False)
+    key_args = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key_args.append(_unwrap_key(a, specs, operands, implicit_ok))
+        elif isinstance(a, (list, tuple)):
+            key_args.append(
+                tuple(
+                    _unwrap_key(x, specs, operands, implicit_ok)
+                    if isinstance(x, torch.Tensor)
+                    else x
+                    for x in a
+                )
+            )
+        else:
+            key_args.append(a)
+    key_kwargs = ()
+    if kwargs:
+        key_kwargs = tuple(
+            (
+                k,
+                _unwrap_key(v, specs, operands, implicit_ok)
+                if isinstance(v, torch.Tensor)
+                else (
+                    tuple(
+                        _unwrap_key(x, specs, operands, implicit_ok)
+                        if isinstance(x, torch.Tensor)
+                        else x
+                        for x in v
+                    )
+                    if isinstance(v, (list, tuple))
+                    else v
+                ),
+            )
+            for k, v in kwargs.items()
+        )
+    return tuple(key_args), key_kwargs, specs, operands
+
+
+def dispatch(func, args, kwargs):
+    if func in _SPEC_ALIASING:
+        return _alias_of_self(func, args, kwargs)
+    if func in _INPLACE_VIEWS:
+        return _inplace_view(func, args, kwargs)
+    key_args, key_kwargs, specs, operands = _flatten(args, kwargs)
+    key = (func, key_args, key_kwargs)
+    try:
+        entry = _cache.get(key)
+    except TypeError:  # an unhashable argument: no caching for this call
+        entry, key = None, None
+    if entry is None:
+        entry = _propagate(func, args, kwargs, key_args, key_kwargs, specs, operands)
+        if key is not None:
+            _cache[key] = entry
+    return _run(func, args, kwargs, entry, operands)
+
+
+def _mesh_of(func, specs):
+    mesh = None
+    for s in specs:
+        if s is None:
+            continue
+        if mesh is None:
+            mesh = s.mesh
+        elif s.mesh != mesh:
+            raise MeshError(
+                f"{func}: operands live on different meshes ({mesh!r} and "
+                f"{s.mesh!r}); redistribute or re-create one of them on the other's mesh"
+            )
+    return mesh
+
+
+def _propagate(func, args, kwargs, key_args, key_kwargs, specs, operands):
+    for a in (*key_args, *(v for _, v in key_kwargs)):
+        bad = a if isinstance(a, _Plain) else next(
+            (x for x in a if isinstance(x, _Plain)), None
+        ) if isinstance(a, tuple) else None
+        if bad is not None:
+            raise ShardingError(
+                f"{func}: got a plain torch.Tensor of shape {tuple(bad.t.shape)} mixed "
+                "with DTensors. Convert it with distribute_tensor(t, mesh, placements) "
+                "or DTensor.from_local, or wrap the call in "
+                "dtensor.implicit_replication() to treat it as replicated."
+            )
+    if torch.Tag.inplace_view in func.tags or func in _RESIZING:
+        raise UnsupportedOpError(
+            f"{func}: changes a DTensor's shape or strides in place, which a "
+            "DTensor cannot do; use the out-of-place op (e.g. x = x.t())"
+        )
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        raise UnsupportedOpError(
+            f"{func}: random ops on DTensors land with dtensor.random; this one has "
+            "no sharding-invariant implementation yet. Run it on a plain tensor "
+            "(x.full_tensor()) and distribute the result."
+        )
+    mesh = _mesh_of(func, specs)
+    # Plain operands (0-d or allowed by implicit_replication) are replicated.
+    full_specs = tuple(
+        s
+        if s is not None
+        else DTensorSpec(
+            mesh,
+            (Replicate(),) * mesh.ndim,
+            TensorMeta(o.shape, o.stride(), o.dtype),
+        )
+        for s, o in zip(specs, operands, strict=True)
+    )
+    call = OpCall(func, full_specs, key_args, dict(key_kwargs))
+    rule = _rule_for(func)
+    sharding = None
+    if rule is not None:
+        sharding = rule(call)
+    if sharding is None:
+        return _propagate_fallback(func, mesh, full_specs, args, kwargs, operands)
+    targets = tuple(
+        None if want is None or tuple(want) == s.placements else s.with_placements(want)
+        for s, want in zip(full_specs, sharding.inputs, strict=True)
+    )
+    written = _written(func, args, kwargs, operands, targets)
+    if not sharding.outputs:
+        return _Entry(targets, (), False, sharding.scalar_reduce, sharding.local, written)
+    return _finish(func, mesh, sharding, targets, written, args, kwargs, full_specs, operands)
+
+
+def _propagate_fallback(func, mesh, full_specs, args, kwargs, operands):
+    if func not in _logged_fallback:
+        _logged_fallback.add(func)
+        log.debug("dtensor: no sharding rule for %s; replicating its inputs", func)
+    replicate = (Replicate(),) * mesh.ndim
+    targets = tuple(
+        None if s.placements == replicate else s.with_placements(replicate)
+        for s in full_specs
+    )
+    written = _written(func, args, kwargs, operands, targets)
+    return _Entry(targets, (), True, None, None, written)
+
+
+def _finish(func, mesh, sharding, targets, written, args, kwargs, full_specs, operands):
+    try:
+        metas = _infer_meta(func, args, kwargs, full_specs, operands)
+    except Exception:  # noqa: BLE001 - e.g. an op that needs CPU index data
+        # No meta kernel: replicate, and let the local op raise real errors.
+        return _propagate_fallback(func, mesh, full_specs, args, kwargs, operands)
+    outputs = sharding.outputs
+    if len(metas) != len(outputs) and len(outputs) == 1 and _returns_list(func):
+        outputs = outputs * len(metas)
+    if len(metas) != len(outputs):
+        raise AssertionError(
+            f"{func}: rule gave {len(outputs)} output placements for "
+            f"{len(metas)} tensor outputs"
+        )
+    out_specs = tuple(
+        DTensorSpec(mesh, tuple(p), m)
+        for p, m in zip(outputs, metas, strict=True)
+        if m is not None
+    )
+    return _Entry(targets, out_specs, False, sharding.scalar_reduce, sharding.local, written)
+
+
+def _returns_list(func) -> bool:
+    rets = func._schema.returns
+    return len(rets) == 1 and isinstance(rets[0].type, torch.ListType)
+
+
+def _written(func, args, kwargs, operands, targets) -> tuple[int, ...]:
+    """Indices of DTensor operands the op writes whose layout the op changes."""
+    if not any(t is not None for t in targets):
+        return ()
+    out = []
+    schema_args = func._schema.arguments
+    for i, a in enumerate(schema_args):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        if a.kwarg_only or i >= len(args):
+            v = kwargs.get(a.name)
+        else:
+            v = args[i]
+        vals = v if isinstance(v, (list, tuple)) else (v,)
+        for x in vals:
+            if isinstance(x, DTensor):
+                for j, o in enumerate(operands):
+                    if o is x and targets[j] is not None:
+                        out.append(j)
+    return tuple(out)
+
+
+def _infer_meta(func, args, kwargs, specs, operands) -> tuple[TensorMeta, ...]:
+    """Global output metadata from the op run on meta tensors of global shape."""
+    it = iter(specs)
+    ops = {id(o) for o in operands}
+
+    def to_meta(x):
+        if isinstance(x, torch.Tensor) and id(x) in ops:
+            s = next(it)
+            return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
+        return x
+
+    margs, mkwargs = _map_tensors(to_meta, args, kwargs)
+    if mkwargs.get("device") is not None:
+        mkwargs["device"] = "meta"
+    out = func(*margs, **mkwargs)
+    if isinstance(out, tuple) and any(x is None for x in out):
+        # Optional results (masked backward outputs) keep their slot as None.
+        return tuple(
+            None if x is None else TensorMeta(x.shape, x.stride(), x.dtype) for x in out
+        )
+    metas = []
+    for t in _tensor_leaves(out):
+        metas.append(TensorMeta(t.shape, t.stride(), t.dtype))
+    return tuple(metas)
+
+
+def _map_tensors(fn, args, kwargs):
+    def m(x):
+        if isinstance(x, torch.Tensor):
+            return fn(x)
+        if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
+            return type(x)(fn(y) if isinstance(y, torch.Tensor) else y for y in x)
+        return x
+
+    return tuple(m(a) for a in args), {k: m(v) for k, v in kwargs.items()}
+
+
+def _tensor_leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for x in out for t in _tensor_leaves(x)]
+    return []
+
+
+def _run(func, args, kwargs, entry: _Entry, operands):
+    mesh = None
+    for o in operands:
+        if isinstance(o, DTensor):
+            mesh = o._spec.mesh
+            break
+    member = mesh.get_coordinate() is not None
+    if not member:
+        return _outsider_result(func, args, kwargs, entry, mesh)
+    # Local operands in operand order, redistributed where the rule asks.
+    # NOTE: by position, not identity: ``mm(x, x)`` may need x in two layouts.
+    locals_ = []
+    for o, target in zip(operands, entry.targets, strict=True):
+        if isinstance(o, DTensor):
+            local = o._local_tensor
+            if target is not None:
+                local = redistribute_local(local, o._spec, target)
+            locals_.append(local)
+        elif target is not None:  # a plain (replicated) operand the rule shards
+            src = target.with_placements((Replicate(),) * mesh.ndim)
+            locals_.append(redistribute_local(o, src, target))
+        else:
+            locals_.append(o)
+
+    it = iter(locals_)
+    largs, lkwargs = _map_tensors(lambda x: next(it), args, kwargs)
+    if entry.local is not None:
+        out = entry.local(func, mesh.get_coordinate(), entry.out_specs, largs, lkwargs)
+    else:
+        out = func(*largs, **lkwargs)
+
+    written = {}
+    for j in entry.write_back:
+        o = operands[j]
+        local = locals_[j]
+        written[id(local)] = o
+        block = redistribute_local(local, entry.targets[j], o._spec)
+        if block is not o._local_tensor:
+            o._local_tensor.copy_(block)
+
+    if entry.fallback:
+        if written:
+            return _wrap_written(out, written, mesh)
+        return _wrap_replicated(out, mesh, func, args)
+    if not entry.out_specs:
+        return _reduce_scalar(out, entry.scalar_reduce, mesh)
+    specs = iter(entry.out_specs)
+    return _rewrap(out, specs, func, args, written)
+
+
+def _rewrap(out, specs, func, args, written):
+    if isinstance(out, torch.Tensor):
+        spec = next(specs)
+        if written and id(out) in written:
+            return written[id(out)]
+        # In-place ops return their (DTensor) self: hand it back, not a copy.
+        if _is_inplace(func) and isinstance(args[0], DTensor):
+            return args[0]
+        return DTensor(out, spec)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_rewrap(x, specs, func, args, written) for x in out)
+    return out
+
+
+def _wrap_written(out, written, mesh):
+    """Fallback result of an op that wrote redistributed operands: hand those back."""
+    if isinstance(out, torch.Tensor):
+        if id(out) in written:
+            return written[id(out)]
+        replicate = (Replicate(),) * mesh.ndim
+        meta = TensorMeta(out.shape, out.stride(), out.dtype)
+        return DTensor(out, DTensorSpec(mesh, replicate, meta))
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_written(x, written, mesh) for x in out)
+    return out
+
+
+def _is_inplace(func) -> bool:
+    schema = func._schema
+    return bool(schema.arguments) and schema.arguments[0].alias_info is not None and (
+        schema.arguments[0].alias_info.is_write
+    )
+
+
+def _wrap_replicated(out, mesh, func, args):
+    replicate = (Replicate(),) * mesh.ndim
+    if isinstance(out, torch.Tensor):
+        if _is_inplace(func) and isinstance(args[0], DTensor):
+            return _write_back(args[0], out)
+        meta = TensorMeta(out.shape, out.stride(), out.dtype)
+        return DTensor(out, DTensorSpec(mesh, replicate, meta))
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_replicated(x, mesh, func, args) for x in out)
+    return out
+
+
+def _write_back(self: DTensor, full: torch.Tensor) -> DTensor:
+    """An in-place op computed on the replicated value: store it in self's layout."""
+    spec = self._spec
+    replicated = spec.with_placements((Replicate(),) * spec.mesh.ndim)
+    block = redistribute_local(full, replicated, spec) if not spec.is_replicated() else full
+    if block is not self._local_tensor:
+        self._local_tensor.copy_(block)
+    return self
+
+
+def _reduce_scalar(out, how, mesh):
+    if how == "all":
+        flag = torch.tensor([0 if bool(out) else 1], dtype=torch.int64)
+        return not bool(_mesh_max(flag, mesh).item())
+    return out
+
+
+def _outsider_result(func, args, kwargs, entry: _Entry, mesh):
+    """Empty outputs of the right dtype on ranks outside the mesh; no collectives."""
+    if entry.fallback or not entry.out_specs:
+        # Output metadata from the op on meta tensors of the global shapes.
+        specs = []
+
+        def to_meta(x):
+            if isinstance(x, DTensor):
+                s = x._spec
+                return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
+            return x.to("meta") if isinstance(x, torch.Tensor) else x
+
+        margs, mkwargs = _map_tensors(to_meta, args, kwargs)
+        try:
+            out = func(*margs, **mkwargs)
+        except Exception:
+            out = None
+        leaves = _tensor_leaves(out)
+        if not leaves:
+            if out is None or not isinstance(out, torch.Tensor):
+                return None
+        replicate = (Replicate(),) * mesh.ndim
+        specs = [
+            DTensorSpec(mesh, replicate, TensorMeta(t.shape, t.stride(), t.dtype))
+            for t in leaves
+        ]
+        out_specs = iter(specs)
+        template = out
+    else:
+        out_specs = iter(entry.out_specs)
+        template = None
+
+    device = _device_of(mesh)
+
+    def empty(spec):
+        shape, _ = local_block(spec.shape, spec.mesh.shape, spec.placements, None)
+        return DTensor(torch.empty(shape, dtype=spec.dtype, device=device), spec)
+
+    if template is None:
+        if len(entry.out_specs) == 1:
+            return empty(entry.out_specs[0])
+        return tuple(empty(s) for s in entry.out_specs)
+
+    def rebuild(x):
+        if isinstance(x, torch.Tensor):
+            return empty(next(out_specs))
+        if isinstance(x, (list, tuple)):
+            return type(x)(rebuild(y) for y in x)
+        return None
+
+    return rebuild(template)
+
+
+def describe(func, specs) -> str:
+    """Human-readable op schema for error messages."""
+    return f"{func}({', '.join(str(s) for s in specs)})"
+
+
+_ = format_placements  # re-exported name used by rule modules' messages
+_ = tree_map

@@ -1,0 +1,26 @@
+"""Sharding rules, one module per op family; merged here explicitly.
+
+Each family module exports ``RULES``: a dict from op overload or packet to a
+pure rule ``rule(call: OpCall) -> Sharding | None``. Ops tagged
+``torch.Tag.pointwise`` without an explicit entry use the pointwise rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.rules import matmul, nn, pointwise, reduction, tensor_ops, view
+
+__all__ = ["RULES", "rule_for_tags"]
+
+RULES: dict = {}
+for _family in (pointwise, tensor_ops, reduction, matmul, view, nn):
+    RULES.update(_family.RULES)
+
+
+def rule_for_tags(func):
+    """The rule for ``func`` from the merged table, or from its tags."""
+    rule = RULES.get(func) or RULES.get(func.overloadpacket)
+    if rule is None and torch.Tag.pointwise in func.tags:
+        rule = pointwise.pointwise_rule
+    return rule

@@ -1,0 +1,75 @@
+"""Shared helpers for rule modules: argument binding and shard arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dtensor.placement import Partial, Placement, Replicate, Shard
+
+__all__ = [
+    "bind",
+    "even",
+    "norm_dim",
+    "num_shards",
+    "partial_to_replicate",
+    "returns",
+    "shard_dims",
+]
+
+
+def bind(call) -> dict:
+    """Schema argument name -> value (specs in place of tensors), defaults filled."""
+    out = {}
+    args, kwargs = call.args, call.kwargs
+    for i, a in enumerate(call.func._schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def returns(func) -> int:
+    """Number of tensor results in ``func``'s schema."""
+    return len(func._schema.returns)
+
+
+def norm_dim(dim: int, ndim: int) -> int:
+    """Non-negative dim (a 0-d tensor accepts 0 and -1 as its only dim)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"dim {dim} out of range for a tensor of {ndim} dims")
+    return dim % n
+
+
+def num_shards(spec, dim: int) -> int:
+    """Into how many pieces the mesh splits tensor dim ``dim``."""
+    return math.prod(
+        spec.mesh.shape[a]
+        for a, p in enumerate(spec.placements)
+        if isinstance(p, Shard) and p.dim == dim
+    )
+
+
+def even(spec, dim: int) -> bool:
+    """Every piece of ``dim`` has the same (non-zero) length."""
+    n = num_shards(spec, dim)
+    return spec.shape[dim] % n == 0 and spec.shape[dim] > 0
+
+
+def shard_dims(placements) -> set[int]:
+    return {p.dim for p in placements if isinstance(p, Shard)}
+
+
+def partial_to_replicate(placements) -> tuple[Placement, ...]:
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex

@@ -1,0 +1,123 @@
+"""Matrix products: mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm, addr.
+
+Each op is an einsum over dim letters (mm: ``mk,kn->mn``). Per mesh axis the
+rule picks the cheapest of: both replicated; one output letter sharded (the
+operands holding it sharded on it, the others replicated); a contracted
+letter sharded on both operands (output ``Partial(sum)``); one partial
+operand times a replicated one (output keeps the partial). Cost counts the
+elements each operand must move to reach its layout (slicing a replicated
+operand is nearly free). ``matmul``, ``linear`` and ``einsum`` decompose
+into these ops and views before they reach the dispatcher.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dtensor.dispatch import Sharding
+from dtensor.placement import Partial, Replicate, Shard
+
+__all__ = ["RULES", "einsum_rule"]
+
+aten = torch.ops.aten
+
+_INF = float("inf")
+
+
+def _cost(p, w, numel: int) -> float:
+    if p == w:
+        return 0.0
+    if isinstance(w, Replicate):
+        return float(numel)
+    if isinstance(w, Shard):
+        if isinstance(p, Replicate):
+            return 0.01 * numel
+        return (2.0 if isinstance(p, Shard) else 1.0) * numel
+    # w is Partial: only a replicated operand may become partial cheaply.
+    return 0.01 * numel if isinstance(p, Replicate) else _INF
+
+
+def _candidates(la: str, lb: str, lo: str, pa, pb):
+    yield Replicate(), Replicate(), Replicate()
+    for i, letter in enumerate(lo):
+        wa = Shard(la.index(letter)) if letter in la else Replicate()
+        wb = Shard(lb.index(letter)) if letter in lb else Replicate()
+        yield wa, wb, Shard(i)
+    for letter in la:
+        if letter in lb and letter not in lo:
+            yield Shard(la.index(letter)), Shard(lb.index(letter)), Partial("sum")
+    if isinstance(pa, Partial) and pa.reduce_op in ("sum", "avg"):
+        yield pa, Replicate(), pa
+    if isinstance(pb, Partial) and pb.reduce_op in ("sum", "avg"):
+        yield Replicate(), pb, pb
+
+
+def _choose(la, lb, lo, a, b):
+    na, nb = math.prod(a.shape), math.prod(b.shape)
+    wa_all, wb_all, out = [], [], []
+    for pa, pb in zip(a.placements, b.placements, strict=True):
+        best = None
+        for wa, wb, o in _candidates(la, lb, lo, pa, pb):
+            # NOTE: a partial output is paid for later by a reduction.
+            c = _cost(pa, wa, na) + _cost(pb, wb, nb) + (1e-3 if isinstance(o, Partial) else 0)
+            if best is None or c < best[0]:
+                best = (c, wa, wb, o)
+        wa_all.append(best[1])
+        wb_all.append(best[2])
+        out.append(best[3])
+    return tuple(wa_all), tuple(wb_all), tuple(out)
+
+
+def _bias_want(bias, out_shape_ndim: int, out_shape, out):
+    lead = out_shape_ndim - bias.ndim
+    want = []
+    for p in out:
+        if isinstance(p, Shard):
+            d = p.dim - lead
+            if d < 0 or (bias.shape[d] == 1 and out_shape[p.dim] != 1):
+                want.append(Replicate())
+            else:
+                want.append(Shard(d))
+        else:
+            want.append(p)  # a partial output needs a partial bias (zeros elsewhere)
+    return tuple(want)
+
+
+def einsum_rule(spec: str, bias: bool = False):
+    """Rule for a two-operand product ``'ab,bc->ac'``, optionally after a bias."""
+    ins, lo = spec.split("->")
+    la, lb = ins.split(",")
+
+    def rule(call):
+        specs = call.specs
+        if len(specs) != (3 if bias else 2):
+            return None
+        a, b = specs[-2], specs[-1]
+        if a.ndim != len(la) or b.ndim != len(lb):
+            return None
+        wa, wb, out = _choose(la, lb, lo, a, b)
+        if not bias:
+            return Sharding((wa, wb), (out,))
+        sizes = {**dict(zip(la, a.shape, strict=True)), **dict(zip(lb, b.shape, strict=True))}
+        out_shape = tuple(sizes[c] for c in lo)
+        if len(out_shape) < specs[0].ndim:
+            return None
+        wbias = _bias_want(specs[0], len(out_shape), out_shape, out)
+        return Sharding((wbias, wa, wb), (out,))
+
+    return rule
+
+
+RULES: dict = {
+    aten.mm.default: einsum_rule("mk,kn->mn"),
+    aten.bmm.default: einsum_rule("bmk,bkn->bmn"),
+    aten.mv.default: einsum_rule("mk,k->m"),
+    aten.dot.default: einsum_rule("k,k->"),
+    aten.addmm.default: einsum_rule("mk,kn->mn", bias=True),
+    aten.baddbmm.default: einsum_rule("bmk,bkn->bmn", bias=True),
+    aten.addmv.default: einsum_rule("mk,k->m", bias=True),
+    aten.addbmm.default: einsum_rule("bmk,bkn->mn", bias=True),
+    aten.addr.default: einsum_rule("m,n->mn", bias=True),
+}

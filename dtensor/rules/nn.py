@@ -1,0 +1,140 @@
+"""Neural-network ops: layer norm, embedding, nll loss (and their backward).
+
+Layer norm keeps shards on the batch dims (those before the normalised
+shape); its weight and bias gradients sum over the batch, so they come out
+``Partial(sum)`` where the batch is sharded. Embedding lookups keep the
+indices' shards (replicated table) or the table's column shards. The
+negative log-likelihood keeps a sharded batch for ``reduction='none'`` and
+``'sum'`` (a partial sum); ``'mean'`` divides by a global weight total, so
+its forward gathers the batch; its backward receives that global total and
+keeps the batch sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.dispatch import Sharding
+from dtensor.placement import Partial, Replicate, Shard
+from dtensor.rules._util import bind
+from dtensor.rules.pointwise import pointwise_rule
+
+__all__ = ["RULES"]
+
+aten = torch.ops.aten
+
+
+def _batch_only(spec, limit: int):
+    """Shards on dims below ``limit`` stay; everything else is replicated."""
+    return tuple(
+        p if isinstance(p, Shard) and p.dim < limit else Replicate() for p in spec.placements
+    )
+
+
+def _sum_over_batch(want):
+    return tuple(Partial("sum") if isinstance(p, Shard) else Replicate() for p in want)
+
+
+def layer_norm_rule(call):
+    x = call.specs[0]
+    a = bind(call)
+    axis = x.ndim - len(a["normalized_shape"])
+    want = _batch_only(x, axis)
+    rep = (Replicate(),) * x.mesh.ndim
+    inputs = (want,) + (rep,) * (len(call.specs) - 1)
+    return Sharding(inputs, (want, want, want))
+
+
+def layer_norm_backward_rule(call):
+    a = bind(call)
+    x = call.specs[1]
+    axis = x.ndim - len(a["normalized_shape"])
+    want = _batch_only(x, axis)
+    if want == (Replicate(),) * x.mesh.ndim:
+        want = _batch_only(call.specs[0], axis)
+    rep = (Replicate(),) * x.mesh.ndim
+    inputs = (want, want, want, want) + (rep,) * (len(call.specs) - 4)
+    reduced = _sum_over_batch(want)
+    return Sharding(inputs, (want, reduced, reduced))
+
+
+def embedding_rule(call):
+    weight, indices = call.specs
+    ww, wi, out = [], [], []
+    for pw, pi in zip(weight.placements, indices.placements, strict=True):
+        if isinstance(pi, Shard) and not isinstance(pw, Partial):
+            ww.append(Replicate()), wi.append(pi), out.append(pi)
+        elif isinstance(pw, Shard) and pw.dim == 1:
+            ww.append(pw), wi.append(Replicate()), out.append(Shard(indices.ndim))
+        elif isinstance(pw, Partial) and pw.reduce_op in ("sum", "avg"):
+            ww.append(pw), wi.append(Replicate()), out.append(pw)
+        else:
+            ww.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
+    return Sharding((tuple(ww), tuple(wi)), (tuple(out),))
+
+
+def embedding_backward_rule(call):
+    grad, indices = call.specs
+    a = bind(call)
+    last = grad.ndim - 1
+    wg, wi, out = [], [], []
+    for pg, pi in zip(grad.placements, indices.placements, strict=True):
+        batch = pg if isinstance(pg, Shard) and pg.dim < last else (
+            Shard(pi.dim) if isinstance(pi, Shard) else None
+        )
+        if batch is not None and not a["scale_grad_by_freq"]:
+            wg.append(batch), wi.append(batch), out.append(Partial("sum"))
+        elif isinstance(pg, Shard) and pg.dim == last:
+            wg.append(pg), wi.append(Replicate()), out.append(Shard(1))
+        elif isinstance(pg, Partial) and pg.reduce_op in ("sum", "avg"):
+            wg.append(pg), wi.append(Replicate()), out.append(pg)
+        else:
+            wg.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
+    return Sharding((tuple(wg), tuple(wi)), (tuple(out),))
+
+
+def _nll_batch(x, target):
+    """Per axis: Shard(0) where the batch may stay sharded, else Replicate."""
+    if x.ndim != 2 or target.ndim != 1:
+        return (Replicate(),) * x.mesh.ndim
+    return tuple(
+        Shard(0) if p == Shard(0) or q == Shard(0) else Replicate()
+        for p, q in zip(x.placements, target.placements, strict=True)
+    )
+
+
+def nll_loss_rule(call):
+    a = bind(call)
+    x, target = call.specs[0], call.specs[1]
+    rep = (Replicate(),) * x.mesh.ndim
+    want = _nll_batch(x, target)
+    if a["reduction"] == 1:  # mean: divides by the global weight total
+        want = rep
+    inputs = (want, want) + (rep,) * (len(call.specs) - 2)
+    partial = _sum_over_batch(want)
+    out = want if a["reduction"] == 0 else partial
+    return Sharding(inputs, (out, partial))
+
+
+def nll_loss_backward_rule(call):
+    a = bind(call)
+    grad, x, target = call.specs[0], call.specs[1], call.specs[2]
+    rep = (Replicate(),) * x.mesh.ndim
+    want = _nll_batch(x, target)
+    if a["reduction"] == 0 and grad.ndim != 1:
+        want = rep
+    gwant = want if a["reduction"] == 0 else rep
+    inputs = (gwant, want, want) + (rep,) * (len(call.specs) - 3)
+    return Sharding(inputs, (want,))
+
+
+RULES: dict = {
+    aten.native_layer_norm.default: layer_norm_rule,
+    aten.native_layer_norm_backward.default: layer_norm_backward_rule,
+    aten.embedding.default: embedding_rule,
+    aten.embedding_dense_backward.default: embedding_backward_rule,
+    aten.nll_loss_forward.default: nll_loss_rule,
+    aten.nll_loss_backward.default: nll_loss_backward_rule,
+    aten.masked_fill.Tensor: pointwise_rule,
+    aten.masked_fill_.Tensor: pointwise_rule,
+}

@@ -1,0 +1,184 @@
+"""Reductions over dims: sum, mean, prod, amax/amin, max/min, argmax/argmin,
+norms, var/std, any/all, logsumexp, and scans/sorts along one dim.
+
+Dims that are not reduced keep their shards, so a reduction over an
+unsharded dim never communicates. A sum over a sharded dim gives
+``Partial(sum)``; a mean gives ``Partial(sum)`` of local sums divided by the
+global count (a mean of uneven local means would be wrong). Everything else
+that reduces a sharded dim (max and friends: a NaN or an empty piece breaks
+a max of pieces; argmax needs global indices) first gathers that dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dtensor.dispatch import Sharding
+from dtensor.placement import Partial, Replicate, Shard
+from dtensor.rules._util import bind, norm_dim, returns
+
+__all__ = ["RULES"]
+
+aten = torch.ops.aten
+
+
+def _reduced_dims(dim, ndim: int) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(sorted({norm_dim(d, ndim) for d in dim}))
+
+
+def _reduction(kind: str, call):
+    """kind: 'sum' (linear), 'mean' (linear, needs the global count), 'count'
+    (sums pieces but is not linear in partial values), 'other'."""
+    spec = call.specs[0]
+    if len(call.specs) != 1:
+        return None
+    a = bind(call)
+    ndim = spec.ndim
+    dims = _reduced_dims(a.get("dim", None), ndim)
+    keepdim = bool(a.get("keepdim") or False)
+    if kind == "mean" and a.get("dtype") is not None and not (
+        a["dtype"].is_floating_point or a["dtype"].is_complex
+    ):
+        return None
+
+    def out_dim(d: int) -> int:
+        return d if keepdim else d - sum(1 for r in dims if r < d)
+
+    want, out = [], []
+    partial_sum = False
+    for p in spec.placements:
+        if isinstance(p, Shard) and p.dim not in dims:
+            want.append(p)
+            out.append(Shard(out_dim(p.dim)))
+        elif isinstance(p, Shard) and kind in ("sum", "mean", "count"):
+            want.append(p)
+            out.append(Partial("sum"))
+            partial_sum = True
+        elif isinstance(p, Partial) and kind in ("sum", "mean") and p.reduce_op in (
+            "sum",
+            "avg",
+        ):
+            want.append(p)
+            out.append(p)
+        else:
+            want.append(Replicate())
+            out.append(Replicate())
+    outs = (tuple(out),) * returns(call.func)
+    local = None
+    if kind == "mean" and partial_sum:
+        count = math.prod(spec.shape[d] for d in dims) if ndim else 1
+        local = _mean_as_sum(count)
+    return Sharding((tuple(want),), outs, local=local)
+
+
+def _mean_as_sum(count: int):
+    def local(func, coord, out_specs, args, kwargs):
+        x = args[0]
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        dtype = kwargs.get("dtype")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(x.ndim))
+        s = torch.sum(x, dims, keepdim=keepdim, dtype=dtype)
+        # NOTE: 0/0 must stay NaN like the single-device mean of an empty dim.
+        return s / count if count else s / 0.0
+
+    return local
+
+
+def reduction(kind: str):
+    return lambda call: _reduction(kind, call)
+
+
+def along_dim_rule(call):
+    """Ops working along one ``dim`` of same-shaped operands (softmax, cumsum,
+    sort, topk...): every operand takes the first one's shards, except on
+    ``dim``, which must be whole; partial values are reduced first."""
+    specs = call.specs
+    first = specs[0]
+    if any(s.shape != first.shape for s in specs):
+        return None
+    a = bind(call)
+    dim = a.get("dim", -1)
+    if dim is None:
+        return None
+    dim = norm_dim(dim, first.ndim)
+    want = tuple(
+        p if isinstance(p, Shard) and p.dim != dim else Replicate()
+        for p in first.placements
+    )
+    n = sum(1 for r in call.func._schema.returns)
+    return Sharding((want,) * len(specs), (want,) * n)
+
+
+def linear_along_dim_rule(call):
+    """cumsum: like ``along_dim_rule`` but partial sums pass through."""
+    (spec,) = call.specs
+    a = bind(call)
+    dim = norm_dim(a["dim"], spec.ndim)
+    want = tuple(
+        p
+        if (isinstance(p, Shard) and p.dim != dim)
+        or (isinstance(p, Partial) and p.reduce_op in ("sum", "avg"))
+        else Replicate()
+        for p in spec.placements
+    )
+    if a.get("dtype") is not None and not a["dtype"].is_floating_point:
+        want = tuple(Replicate() if isinstance(p, Partial) else p for p in want)
+    return Sharding((want,), (want,))
+
+
+_SUM = reduction("sum")
+_MEAN = reduction("mean")
+_OTHER = reduction("other")
+_COUNT = reduction("count")
+
+RULES: dict = {
+    aten.sum.default: _SUM,
+    aten.sum.dim_IntList: _SUM,
+    aten.mean.default: _MEAN,
+    aten.mean.dim: _MEAN,
+    aten.prod.default: _OTHER,
+    aten.prod.dim_int: _OTHER,
+    aten.amax.default: _OTHER,
+    aten.amin.default: _OTHER,
+    aten.max.default: _OTHER,
+    aten.min.default: _OTHER,
+    aten.max.dim: _OTHER,
+    aten.min.dim: _OTHER,
+    aten.argmax.default: _OTHER,
+    aten.argmin.default: _OTHER,
+    aten.aminmax.default: _OTHER,
+    aten.linalg_vector_norm.default: _OTHER,
+    aten.var.correction: _OTHER,
+    aten.std.correction: _OTHER,
+    aten.var_mean.correction: _OTHER,
+    aten.std_mean.correction: _OTHER,
+    aten.any.default: _OTHER,
+    aten.any.dim: _OTHER,
+    aten.any.dims: _OTHER,
+    aten.all.default: _OTHER,
+    aten.all.dim: _OTHER,
+    aten.all.dims: _OTHER,
+    aten.logsumexp.default: _OTHER,
+    aten.nansum.default: _COUNT,
+    aten.count_nonzero.dim_IntList: _COUNT,
+    aten._softmax.default: along_dim_rule,
+    aten._log_softmax.default: along_dim_rule,
+    aten._softmax_backward_data.default: along_dim_rule,
+    aten._log_softmax_backward_data.default: along_dim_rule,
+    aten.sort.default: along_dim_rule,
+    aten.sort.stable: along_dim_rule,
+    aten.topk.default: along_dim_rule,
+    aten.cummax.default: along_dim_rule,
+    aten.cummin.default: along_dim_rule,
+    aten.logcumsumexp.default: along_dim_rule,
+    aten.cumprod.default: along_dim_rule,
+    aten.cumsum.default: linear_along_dim_rule,
+}

@@ -1,0 +1,123 @@
+"""Copies, conversions, ``*_like``/``new_*`` constructors and ``equal``.
+
+``copy_`` keeps the destination's layout and brings the source to it;
+``_to_copy`` (``.to(dtype)``) keeps the layout, partial sums included when
+the cast is linear (floating to floating). Constructors from a template
+follow its shards but never its partial values (``ones_like`` of a partial
+tensor is all ones, not a piece of them). ``equal`` compares blocks and
+and-s the verdict over the mesh, so every member rank gets the same answer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.dispatch import Sharding
+from dtensor.placement import Partial, Replicate, Shard
+from dtensor.rules._util import bind, is_float, partial_to_replicate
+
+__all__ = ["RULES"]
+
+aten = torch.ops.aten
+
+
+def copy_rule(call):
+    dst, src = call.specs[0], call.specs[1]
+    if dst.has_partial() and dst.dtype != src.dtype and not (
+        is_float(dst.dtype) and is_float(src.dtype)
+    ):
+        return None
+    lead = dst.ndim - src.ndim
+    want = []
+    for p in dst.placements:
+        if isinstance(p, Shard):
+            d = p.dim - lead
+            if d < 0 or (src.shape[d] == 1 and dst.shape[p.dim] != 1):
+                want.append(Replicate())
+            else:
+                want.append(Shard(d))
+        else:
+            want.append(p)  # Replicate, or Partial: the source becomes partial too
+    return Sharding((None, tuple(want)), (dst.placements,))
+
+
+def to_copy_rule(call):
+    (spec,) = call.specs
+    a = bind(call)
+    dtype = a.get("dtype") or spec.dtype
+    device = a.get("device")
+    if device is not None and torch.device(device).type != spec.mesh.device_type:
+        return None
+    keep = dtype == spec.dtype or (is_float(dtype) and is_float(spec.dtype))
+    placements = spec.placements if keep else partial_to_replicate(spec.placements)
+    return Sharding((placements,), (placements,))
+
+
+def like_rule(call):
+    """``zeros_like`` and friends: the template's shards, no partial values."""
+    spec = call.specs[0]
+    a = bind(call)
+    device = a.get("device")
+    if device is not None and torch.device(device).type != spec.mesh.device_type:
+        return None
+    out = partial_to_replicate(spec.placements)
+    # The local block of a partial template already has the full shape.
+    return Sharding((None,) * len(call.specs), (out,))
+
+
+def new_rule(call):
+    """``new_zeros(size)`` and friends: a fresh replicated tensor; self untouched."""
+    spec = call.specs[0]
+    a = bind(call)
+    device = a.get("device")
+    if device is not None and torch.device(device).type != spec.mesh.device_type:
+        return None
+    return Sharding((None,) * len(call.specs), ((Replicate(),) * spec.mesh.ndim,))
+
+
+def equal_rule(call):
+    a, b = call.specs
+    if a.shape != b.shape or a.dtype != b.dtype or a.has_partial() or b.has_partial():
+        return None  # replicate both: every rank computes the same answer
+    return Sharding((None, a.placements), (), scalar_reduce="all")
+
+
+def _partial_keeps_zero(call):
+    """``zero_`` keeps any layout (zero pieces sum to zero)."""
+    (spec,) = call.specs
+    if any(isinstance(p, Partial) and p.reduce_op not in ("sum", "avg")
+           for p in spec.placements):
+        return None
+    return Sharding((None,), (spec.placements,))
+
+
+RULES: dict = {
+    aten.copy_.default: copy_rule,
+    aten._to_copy.default: to_copy_rule,
+    aten.empty_like.default: like_rule,
+    aten.zeros_like.default: like_rule,
+    aten.ones_like.default: like_rule,
+    aten.full_like.default: like_rule,
+    aten.new_empty.default: new_rule,
+    aten.new_zeros.default: new_rule,
+    aten.new_ones.default: new_rule,
+    aten.new_full.default: new_rule,
+    aten.new_empty_strided.default: new_rule,
+    aten.equal.default: equal_rule,
+    aten.zero_.default: _partial_keeps_zero,
+}
+
+
+def _physical(fn):
+    """Lazy conj/neg views: the local result is materialised (the wrapper
+    cannot carry the conj/neg bit), which gives the same values."""
+
+    def rule(call):
+        (spec,) = call.specs
+        return Sharding((None,), (spec.placements,), local=lambda f, c, o, a, k: fn(a[0]))
+
+    return rule
+
+
+RULES[aten._conj.default] = _physical(torch.conj_physical)
+RULES[aten._neg_view.default] = _physical(torch.neg)
