@@ -1,0 +1,323 @@
+"""Random ops on DTensors: each rank computes exactly its block of the
+single-device stream.
+
+Values come from ``dtensor.random``'s counter-based generator evaluated at
+global element indices, so a random op gives the same full tensor, bit for
+bit, for every mesh and placements, and the same as the plain-tensor
+functions of ``dtensor.random`` under the same seed. Every rank advances the
+generator's offset once per random op — members of the op's mesh and
+outsiders alike — so later ops stay in step everywhere.
+
+Partial semantics: a random op writing a ``Partial(sum)`` tensor stores the
+values on coordinate 0 of each partial axis and zeros elsewhere (the sum is
+the random tensor); ``Partial(avg/max/min)`` store the values everywhere.
+``native_dropout`` and dropout keep ``Partial(sum/avg)`` inputs partial: the
+mask depends only on the global index, so masking commutes with the sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor import random as rng
+from dtensor.errors import ShardingError
+from dtensor.placement import Partial, Replicate
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+from dtensor.tensor import DTensor, redistribute_local
+
+__all__ = ["HANDLERS", "manual_seed", "rand", "randint", "randn"]
+
+aten = torch.ops.aten
+
+
+def _no_generator(kwargs: dict, op: str) -> None:
+    if kwargs.get("generator") is not None:
+        raise ShardingError(
+            f"{op}: torch.Generator objects are not supported on DTensors; seed "
+            "the sharding-invariant generator with dtensor.manual_seed(seed)"
+        )
+
+
+def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
+    """This rank's block of a fresh draw laid out by ``spec`` (None for outsiders).
+
+    Advances the generator on every rank, member or not.
+    """
+    seed, offset = rng.get_rng_state().seed, rng.next_offset()
+    coord = spec.mesh.get_coordinate()
+    if coord is None:
+        return None
+    shape, start = spec.local_block(coord)
+    values = make(seed, offset, spec.shape, start, shape, device=device)
+    for axis, p in enumerate(spec.placements):
+        if isinstance(p, Partial) and p.reduce_op == "sum" and coord[axis] != 0:
+            return torch.zeros_like(values)
+    return values
+
+
+def _inplace(make_for):
+    """Handler for ``op_(self, ...)``: overwrite self's block with its draw."""
+
+    def handler(func, args, kwargs):
+        self = args[0]
+        _no_generator(kwargs, str(func))
+        make = make_for(self, *args[1:], **{k: v for k, v in kwargs.items() if k != "generator"})
+        local = self._local_tensor
+        values = _draw(self._spec, local.device, make)
+        if values is not None:
+            local.copy_(values)
+        return self
+
+    return handler
+
+
+def _like(make_for):
+    """Handler for ``op_like(self, dtype=...)``: a fresh DTensor laid out like self."""
+
+    def handler(func, args, kwargs):
+        self = args[0]
+        _no_generator(kwargs, str(func))
+        dtype = kwargs.get("dtype") or self.dtype
+        spec = _non_partial(self._spec).with_meta(
+            TensorMeta(self.shape, contiguous_stride(self.shape), dtype)
+        )
+        make = make_for(dtype, *args[1:])
+        device = self._local_tensor.device
+        values = _draw(spec, device, make)
+        if values is None:
+            values = _empty(spec, device)
+        return DTensor(values, spec)
+
+    return handler
+
+
+def _non_partial(spec: DTensorSpec) -> DTensorSpec:
+    if not spec.has_partial():
+        return spec
+    return spec.with_placements(
+        [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    )
+
+
+def _empty(spec: DTensorSpec, device) -> torch.Tensor:
+    shape, _ = spec.local_block(None)
+    return torch.empty(shape, dtype=spec.dtype, device=device)
+
+
+def _probabilities(t, like: DTensorSpec) -> torch.Tensor:
+    """``t``'s block in the (non-partial) layout ``like``; plain ``t`` is replicated."""
+    if isinstance(t, DTensor):
+        src = t._spec
+        dst = src.with_placements(like.placements)
+        if like.mesh.get_coordinate() is None:
+            return t._local_tensor
+        return redistribute_local(t._local_tensor, src, dst)
+    if t.dim() == 0:
+        shape, _ = like.local_block(like.mesh.get_coordinate())
+        return t.expand(shape)
+    raise ShardingError(
+        "bernoulli_: p is a plain tensor of shape "
+        f"{tuple(t.shape)}; pass a DTensor or a 0-d tensor"
+    )
+
+
+def _bernoulli_tensor(func, args, kwargs):
+    """``bernoulli(p)``: a DTensor of 0/1 laid out like the probabilities."""
+    _no_generator(kwargs, str(func))
+    p = args[0]
+    spec = _non_partial(p._spec)
+    coord = spec.mesh.get_coordinate()
+    probs = None
+    if coord is not None:
+        probs = redistribute_local(p._local_tensor, p._spec, spec) if spec is not p._spec else p._local_tensor
+    values = _draw(
+        spec, p._local_tensor.device,
+        lambda *a, device: rng.bernoulli_block(*a, p=probs, dtype=p.dtype, device=device),
+    )
+    return DTensor(values if values is not None else _empty(spec, p._local_tensor.device), spec)
+
+
+def _bernoulli_inplace_tensor(func, args, kwargs):
+    self, p = args[0], args[1]
+    _no_generator(kwargs, str(func))
+    spec = self._spec
+    probs = None
+    if spec.mesh.get_coordinate() is not None:
+        probs = _probabilities(p, _non_partial(spec)).to(self._local_tensor.device)
+    values = _draw(
+        spec, self._local_tensor.device,
+        lambda *a, device: rng.bernoulli_block(*a, p=probs, dtype=self.dtype, device=device),
+    )
+    if values is not None:
+        self._local_tensor.copy_(values)
+    return self
+
+
+def _native_dropout(func, args, kwargs):
+    x, p, train = args[0], float(args[1]), args[2] if len(args) > 2 else kwargs.get("train")
+    spec = x._spec
+    if not train or p == 0.0:
+        mask = torch.ones_like(x._local_tensor, dtype=torch.bool)
+        return DTensor(x._local_tensor.clone(), spec), DTensor(mask, spec.with_meta(
+            TensorMeta(spec.shape, spec.stride, torch.bool)))
+    if any(isinstance(q, Partial) and q.reduce_op not in ("sum", "avg") for q in spec.placements):
+        raise ShardingError(
+            f"native_dropout: input is {spec}; dropout of Partial(max/min) is not "
+            "defined, redistribute to Replicate() first"
+        )
+    # Same arithmetic as ATen's CPU dropout (bernoulli_(1 - p), div_, mul), so
+    # the fused op and the decomposed one give the same bits.
+    keep = 1.0 - p
+    layout = _non_partial(spec)
+    noise = _draw(
+        layout, x._local_tensor.device,
+        lambda *a, device: rng.bernoulli_block(*a, p=keep, dtype=x.dtype, device=device),
+    )
+    mask_spec = spec.with_meta(TensorMeta(spec.shape, spec.stride, torch.bool))
+    if noise is None:
+        return DTensor(_empty(spec, x._local_tensor.device), spec), DTensor(
+            _empty(mask_spec, x._local_tensor.device), mask_spec)
+    mask = noise.bool()
+    out = x._local_tensor * (noise.div_(keep) if keep > 0 else noise)
+    return DTensor(out, spec), DTensor(mask, mask_spec)
+
+
+def _maker(block_fn, **fixed):
+    def make(*args, device):
+        return block_fn(*args, device=device, **fixed)
+
+    return make
+
+
+HANDLERS = {
+    aten.uniform_.default: _inplace(
+        lambda self, from_=0.0, to=1.0, **kw: _maker(
+            rng.uniform_block, dtype=self.dtype, low=kw.get("from", from_), high=kw.get("to", to))
+    ),
+    aten.normal_.default: _inplace(
+        lambda self, mean=0.0, std=1.0, **kw: _maker(
+            rng.normal_block, dtype=self.dtype, mean=kw.get("mean", mean), std=kw.get("std", std))
+    ),
+    aten.exponential_.default: _inplace(
+        lambda self, lambd=1.0, **kw: _maker(
+            rng.exponential_block, dtype=self.dtype, lambd=kw.get("lambd", lambd))
+    ),
+    aten.random_.default: _inplace(
+        lambda self, **kw: _maker(rng.random_block, dtype=self.dtype)
+    ),
+    aten.random_.to: _inplace(
+        lambda self, to, **kw: _maker(rng.randint_block, low=0, high=to, dtype=self.dtype)
+    ),
+    getattr(aten.random_, "from"): _inplace(
+        lambda self, from_, to=None, **kw: _maker(
+            rng.randint_block, low=from_, high=to if to is not None else rng._random_span(self.dtype),
+            dtype=self.dtype)
+    ),
+    aten.bernoulli_.float: _inplace(
+        lambda self, p=0.5, **kw: _maker(rng.bernoulli_block, p=kw.get("p", p), dtype=self.dtype)
+    ),
+    aten.bernoulli_.Tensor: _bernoulli_inplace_tensor,
+    aten.bernoulli.default: _bernoulli_tensor,
+    aten.rand_like.default: _like(lambda dtype: _maker(rng.uniform_block, dtype=dtype)),
+    aten.randn_like.default: _like(lambda dtype: _maker(rng.normal_block, dtype=dtype)),
+    aten.randint_like.default: _like(
+        lambda dtype, high: _maker(rng.randint_block, low=0, high=high, dtype=dtype)
+    ),
+    aten.randint_like.low_dtype: _like(
+        lambda dtype, low, high: _maker(rng.randint_block, low=low, high=high, dtype=dtype)
+    ),
+    aten.native_dropout.default: _native_dropout,
+}
+
+if hasattr(aten.bernoulli, "p"):
+    HANDLERS[aten.bernoulli.p] = _like(
+        lambda dtype, p=0.5: _maker(rng.bernoulli_block, p=p, dtype=dtype)
+    )
+
+
+
+# Factories and seeding ------------------------------------------------------
+def _factory(block_fn, name: str, **fixed):
+    from dtensor.factories import build
+
+    def factory(*size, dtype=None, device_mesh=None, placements=None,
+                requires_grad: bool = False, **kwargs):
+        kwargs.pop("layout", None)
+        if kwargs.pop("generator", None) is not None:
+            _no_generator({"generator": True}, name)
+        dt = dtype or torch.get_default_dtype()
+        if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+            size = tuple(size[0])
+        seed, offset = rng.get_rng_state().seed, rng.next_offset()
+
+        def block(shape, start, device):
+            return block_fn(seed, offset, tuple(size), start, shape, device=device,
+                            dtype=dt, **fixed, **kwargs)
+
+        out = build(tuple(int(s) for s in size), block, dtype=dt, device_mesh=device_mesh,
+                    placements=placements, requires_grad=requires_grad, what=name)
+        spec = out._spec
+        coord = spec.mesh.get_coordinate()
+        if coord is not None and any(
+            isinstance(p, Partial) and p.reduce_op == "sum" and coord[a] != 0
+            for a, p in enumerate(spec.placements)
+        ):
+            out._local_tensor.zero_()
+        return out
+
+    factory.__name__ = name
+    factory.__doc__ = (
+        f"A DTensor of {name} values whose full tensor equals "
+        f"``dtensor.random.{name}`` under the same seed, for every layout.\n\n"
+        f"Example:\n    >>> dtensor.manual_seed(0)\n"
+        f"    >>> x = dtensor.{name}(8, 4, device_mesh=mesh, placements=[Shard(0)])"
+    )
+    return factory
+
+
+rand = _factory(rng.uniform_block, "rand")
+randn = _factory(rng.normal_block, "randn")
+
+
+def randint(low, high=None, size=None, *, dtype=torch.int64, device_mesh=None,
+            placements=None, requires_grad=False):
+    """Integers in ``[low, high)`` as a DTensor (``randint(high, size)`` also works)."""
+    if size is None:
+        low, high, size = 0, low, high
+    make = _factory(rng.randint_block, "randint", low=low, high=high)
+    return make(*tuple(size), dtype=dtype, device_mesh=device_mesh,
+                placements=placements, requires_grad=requires_grad)
+
+
+def manual_seed(seed: int, device_mesh=None) -> None:
+    """Seed the sharding-invariant generator; the same seed is required everywhere.
+
+    With ``device_mesh`` (or when a world is initialised) the seed is checked
+    across the mesh's ranks (or the world's; then every rank must call this),
+    and a mismatch raises on every rank.
+
+    Example:
+        >>> dtensor.manual_seed(1234)
+    """
+    rng.manual_seed(seed)
+    from dtensor import _comm
+    from dtensor.mesh import DeviceMesh
+
+    if device_mesh is None:
+        if not _comm.is_initialized() or _comm.get_world_size() == 1:
+            return
+        device_mesh = DeviceMesh("cpu", list(range(_comm.get_world_size())))
+    if device_mesh.get_coordinate() is None:
+        return
+    fp = rng.seed_fingerprint()
+    lo = fp.neg()
+    for axis in range(device_mesh.ndim):
+        group = device_mesh.axis_group(axis)
+        if group is not None:
+            fp = _comm.all_reduce(fp, "max", group)
+            lo = _comm.all_reduce(lo, "max", group)
+    if not torch.equal(fp, lo.neg()):
+        raise ShardingError(
+            f"manual_seed({seed}): ranks of {device_mesh!r} were given different "
+            "seeds; call dtensor.manual_seed with the same seed on every rank"
+        )
