@@ -1,0 +1,158 @@
+"""Outcome agreement: one rank's reports -> a short verdict; all verdicts -> one
+outcome that every rank logs. Pure functions, no processes (tested directly).
+
+A verdict is a str: ``"P"`` (passed, the fast path), ``"-"`` (not a member of
+the test's sub-world) or JSON ``[kind, when, text]`` with kind one of
+failed / skipped / xfailed / xpassed / passed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+
+from _pytest.reports import TestReport
+
+PHASES = ("setup", "call", "teardown")
+MAX_TEXT = 6000  # characters of one rank's traceback carried over the store
+
+
+def verdict(reports: list[TestReport]) -> str:
+    """Summarise one rank's setup/call/teardown reports of one test."""
+    if all(r.passed and not hasattr(r, "wasxfail") for r in reports):
+        return "P"
+    for r in reports:
+        if r.failed:
+            return _enc("failed", r.when, _tail(r.longreprtext))
+    for r in reports:
+        if r.skipped:
+            kind = "xfailed" if hasattr(r, "wasxfail") else "skipped"
+            return _enc(kind, r.when, _skip_reason(r))
+        if hasattr(r, "wasxfail"):
+            return _enc("xpassed", r.when, str(r.wasxfail))
+    return "P"
+
+
+def missing_verdict(rank: int, nodeid: str) -> str:
+    """The verdict of a rank that did not collect ``nodeid``."""
+    return _enc("failed", "setup", f"{nodeid} was not collected on rank {rank}; "
+                "every rank must collect the same tests")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An outcome that overrides the local reports: fail ``when`` with ``text``."""
+
+    when: str
+    text: str
+    short: str
+
+
+def decide(verdicts: list[str], members: tuple[int, ...]) -> Decision | None:
+    """None when every member agrees on a non-failing outcome (keep local
+    reports); otherwise the failure every rank reports."""
+    parsed = {r: _dec(verdicts[r]) for r in members}
+    kinds = {r: v[0] for r, v in parsed.items()}
+    failed = [r for r in members if kinds[r] == "failed"]
+    n = len(members)
+    if failed:
+        when = min((parsed[r][1] for r in failed), key=PHASES.index)
+        others = [r for r in members if r not in failed]
+        head = f"failed on rank{'s' if len(failed) > 1 else ''} {_ranks(failed)} of {n}"
+        if others:
+            head += f" (rank{'s' if len(others) > 1 else ''} {_ranks(others)}: "
+            head += ", ".join(sorted({kinds[r] for r in others})) + ")"
+        blocks = [head]
+        for r in failed:
+            blocks.append(f"{'-' * 20} rank {r} ({parsed[r][1]}) {'-' * 20}\n{parsed[r][2]}")
+        return Decision(when, "\n".join(blocks), head)
+    if len(set(kinds.values())) <= 1:
+        return None
+    by_kind: dict[str, list[int]] = {}
+    for r in members:
+        by_kind.setdefault(kinds[r], []).append(r)
+    parts = []
+    for kind, ranks in sorted(by_kind.items()):
+        reasons = sorted({parsed[r][2] for r in ranks if parsed[r][2]})
+        parts.append(f"{kind} on ranks {_ranks(ranks)}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+    short = "outcomes differ across ranks: " + ", ".join(parts)
+    text = short + "\na test must have the same outcome on every rank (skip on all ranks or none)"
+    return Decision("setup", text, short)
+
+
+def apply(decision: Decision | None, reports: list[TestReport],
+          nodeid: str, location: tuple) -> list[TestReport]:
+    """This rank's reports to log: its own when there is no decision, else
+    passed phases up to ``decision.when`` which fails with the shared text."""
+    if decision is None:
+        return reports
+    by_when = {r.when: r for r in reports}
+    out = []
+    stop = PHASES.index(decision.when)
+    for when in PHASES:
+        i = PHASES.index(when)
+        if when == "call" and stop == 0:
+            continue  # a failed setup has no call phase
+        base = by_when.get(when) or (reports[0] if reports else None)
+        failing = i == stop
+        out.append(make_report(nodeid, location, when,
+                               "failed" if failing else "passed",
+                               decision.text if failing else None, base))
+    return out
+
+
+def make_report(nodeid: str, location: tuple, when: str, outcome: str,
+                longrepr: object, base: TestReport | None = None) -> TestReport:
+    """A report for ``when``, copying captured output and timing from ``base``."""
+    if base is None:
+        return TestReport(nodeid, location, {}, outcome, longrepr, when)
+    rep = copy.copy(base)
+    rep.__dict__.pop("wasxfail", None)
+    rep.when, rep.outcome, rep.longrepr = when, outcome, longrepr
+    if base.when != when:
+        rep.sections = []
+    return rep
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _enc(kind: str, when: str, text: str) -> str:
+    return json.dumps([kind, when, text])
+
+
+def _dec(v: str) -> tuple[str, str, str]:
+    if v == "P":
+        return ("passed", "call", "")
+    if v == "-":
+        return ("absent", "setup", "")
+    kind, when, text = json.loads(v)
+    return (kind, when, text)
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else "...\n" + text[-MAX_TEXT:]
+
+
+def _skip_reason(r: TestReport) -> str:
+    lr = r.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(getattr(r, "wasxfail", "") or lr or "")
+
+
+def dump_report(config: object, report: TestReport) -> dict:
+    """A report as JSON-able data (``pytest_report_to_serializable``)."""
+    return config.hook.pytest_report_to_serializable(config=config, report=report)
+
+
+def load_report(config: object, data: dict) -> TestReport:
+    """Inverse of ``dump_report``; JSON turned tuples into lists, undo that."""
+    rep = config.hook.pytest_report_from_serializable(config=config, data=data)
+    if isinstance(rep.longrepr, list):
+        rep.longrepr = tuple(rep.longrepr)
+    if isinstance(rep.location, list):
+        rep.location = tuple(rep.location)
+    return rep

@@ -1,0 +1,288 @@
+"""Lockstep mode: this process is one rank of ``torchrun -m pytest``.
+
+Every rank collects and runs the same tests in the same order and agrees on
+every outcome; rank 0 prints the report, rank k logs to
+``<log dir>/rank<k>.log``. Under torchrun's ``--max-restarts`` (what
+``python -m launch`` sets) a world killed by a hang or a dead rank is restarted
+and continues after the bad test: rank 0 keeps agreed results in
+``results.jsonl`` in the run folder and replays them in the next attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_store
+
+from launch import agree
+from launch.plugin import world_size_of
+from launch.rank import (
+    LONG,
+    RankCore,
+    drop_junitxml,
+    init_process_group,
+    redirect_terminal,
+)
+
+STATUS_ENV = "LAUNCH_STATUS_FILE"  # set by `python -m launch`: exit 0, status here
+RUN_DIR_ENV = "LAUNCH_RUN_DIR"
+
+
+class Lockstep:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        env = os.environ
+        self.attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
+        self.max_restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", 0))
+        self.managed = env.get(STATUS_ENV)
+        self.recover = bool(self.managed) or self.max_restarts > 0  # keep results.jsonl
+        self.rank = int(env["RANK"])
+        self.size = int(env["WORLD_SIZE"])
+        self.run_dir = _run_dir(config)
+        self.session: pytest.Session | None = None
+        self.index: dict[str, int] = {}
+        self.resume = 0
+        self.fatal = False
+        self.finished = False
+
+    # -- configure / session start ---------------------------------------
+    def pytest_configure(self, config: pytest.Config) -> None:
+        done = self.run_dir / "complete"
+        if self.attempt > 0 and done.exists() and not self.managed:
+            os._exit(int(done.read_text() or 1))  # earlier attempt finished
+        self.backend = init_process_group(config)
+        prefix = f"launch/a{self.attempt}/"
+        default = _get_default_store()
+        store = dist.PrefixStore(prefix, default)
+        side = dist.PrefixStore(prefix, default.clone())  # own connection, same keys
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.run_dir / f"rank{self.rank}.log", "a", buffering=1)
+        print(f"===== attempt {self.attempt}, pid {os.getpid()} =====", file=self.log)
+        self.core = RankCore(config, store, side, self.log, self._on_fatal)
+        if self.rank != 0:
+            drop_junitxml(config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+        if self.rank != 0:
+            redirect_terminal(self.config, self.log)
+            cache = getattr(self.config, "cache", None)
+            if cache is not None:
+                cache.set = lambda key, value: None  # rank 0 writes the cache
+        self.core.start()
+
+    def pytest_report_header(self) -> list[str]:
+        return [f"launch: lockstep, {self.size} ranks ({self.backend}), attempt "
+                f"{self.attempt}; rank logs: {self.run_dir}/rank<k>.log"]
+
+    # -- collection agreement ---------------------------------------------
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            n = world_size_of(item)
+            if n is not None and n > self.size:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs world_size({n}); this world has {self.size} ranks"))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        ids = [i.nodeid for i in session.items]
+        self.index = {nid: k for k, nid in enumerate(ids)}
+        st = self.core.store
+        digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()
+        st.set(f"coll/{self.rank}", digest)
+        digests = [v.decode() for v in st.multi_get([f"coll/{r}" for r in range(self.size)])]
+        if len(set(digests)) > 1:
+            st.set(f"ids/{self.rank}", json.dumps(ids))
+            all_ids = [json.loads(v) for v in st.multi_get([f"ids/{r}" for r in range(self.size)])]
+            msg = _mismatch(all_ids)
+            print(msg, file=self.log, flush=True)
+            self._barrier("collect")
+            pytest.exit(msg, returncode=pytest.ExitCode.USAGE_ERROR)
+        if self.rank == 0:
+            self.resume = self._prepare_resume(ids)
+            st.set("resume", str(self.resume))
+        else:
+            self.resume = int(st.get("resume"))
+
+    # -- the test loop ------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(f"{session.testsfailed} errors during collection")
+        if session.config.option.collectonly:
+            return True
+        if self.rank == 0 and self.resume:
+            self._replay(session)
+        items = session.items
+        for i in range(self.resume, len(items)):
+            item = items[i]
+            nextitem = items[i + 1] if i + 1 < len(items) else None
+            self._protocol(item, nextitem, i)
+            if session.shouldfail:
+                raise session.Failed(session.shouldfail)
+            if session.shouldstop:
+                raise session.Interrupted(session.shouldstop)
+        return True
+
+    def _protocol(self, item: pytest.Item, nextitem: pytest.Item | None, i: int) -> None:
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        n = world_size_of(item) or self.size
+        reports = self.core.run(item, item.nodeid, nextitem, str(i), min(n, self.size))
+        for rep in reports:
+            ihook.pytest_runtest_logreport(report=rep)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if self.rank == 0 and self.recover:
+            self._record(i, item.nodeid, reports)
+
+    def pytest_runtest_protocol(self, item: pytest.Item) -> bool:
+        return True  # our runtestloop runs items; never the default protocol
+
+    # -- end of session -----------------------------------------------------
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.rank == 0 and self.size > 1:
+            terminalreporter.write_line(
+                f"launch: ranks 1..{self.size - 1} logged to {self.run_dir}/rank<k>.log")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        self.finished = True
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.fatal:
+            return
+        status = int(self.session.exitstatus) if self.session is not None else 1
+        self._barrier("exit")
+        if self.rank == 0 and self.recover:
+            (self.run_dir / "complete").write_text(str(status))
+        if self.managed and self.rank == 0:
+            Path(self.managed).write_text(str(status))
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        if self.managed:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    def _barrier(self, name: str) -> None:
+        st = self.core.store
+        st.set(f"{name}/{self.rank}", "1")
+        st.wait([f"{name}/{r}" for r in range(self.size)], LONG)
+
+    # -- faults and recovery ------------------------------------------------
+    def _on_fatal(self, key: str | None, item: Any, text: str) -> int:
+        """Rank 0, watchdog thread: log the failure; finish or let torchrun restart."""
+        self.fatal = True
+        config, session = self.config, self.session
+        if self.finished:  # a peer died after the report was written
+            return int(session.exitstatus) if session is not None else 1
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        if capman is not None:
+            try:
+                capman.suspend_global_capture(in_=True)
+            except Exception:
+                pass
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if item is not None:
+            rep = agree.make_report(item.nodeid, item.location, "call", "failed", text)
+            item.ihook.pytest_runtest_logreport(report=rep)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            if self.recover:
+                self._record(int(key), item.nodeid, [rep], fatal=True)
+        elif tr is not None:
+            tr.write_line(text)
+        left = len(session.items) - (int(key) + 1 if key is not None else 0) if session else 0
+        if self.recover and self.attempt < self.max_restarts:
+            if tr is not None:
+                tr.write_line(f"\nlaunch: world unusable; torchrun restarts it and the run "
+                              f"continues after {item.nodeid if item else 'this point'}")
+            return 1
+        if tr is not None and left:
+            tr.write_line(f"\nlaunch: {left} tests not run: the world is unusable "
+                          "(no restarts left; `python -m launch` restarts it)")
+        if session is not None:
+            session.shouldfail = "world unusable"
+            config.hook.pytest_sessionfinish(session=session, exitstatus=1)
+        if self.managed:
+            Path(self.managed).write_text("1")
+            if self.recover:
+                (self.run_dir / "complete").write_text("1")
+        return 1
+
+    def _record(self, i: int, nodeid: str, reports: list[Any], fatal: bool = False) -> None:
+        data = [agree.dump_report(self.config, r) for r in reports]
+        with open(self.run_dir / "results.jsonl", "a") as f:
+            f.write(json.dumps({"i": i, "id": nodeid, "reports": data, "fatal": fatal}) + "\n")
+
+    def _prepare_resume(self, ids: list[str]) -> int:
+        path = self.run_dir / "results.jsonl"
+        if self.attempt == 0:
+            path.unlink(missing_ok=True)
+            (self.run_dir / "complete").unlink(missing_ok=True)
+            return 0
+        done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        done = [d for d in done if d["i"] < len(ids) and ids[d["i"]] == d["id"]]
+        nxt = max((d["i"] for d in done), default=-1) + 1
+        reported = bool(done) and done[-1]["fatal"]
+        if nxt < len(ids) and not reported:
+            # The previous world died during ids[nxt] without any rank reporting.
+            nodeid = ids[nxt]
+            item = self.session.items[nxt]
+            rep = agree.make_report(nodeid, item.location, "call", "failed",
+                                    f"launch: the world died during {nodeid} in attempt "
+                                    f"{self.attempt - 1} and no rank could report; "
+                                    f"see {self.run_dir}/rank<k>.log")
+            self._record(nxt, nodeid, [rep], fatal=True)
+            nxt += 1
+        self._replay_from = path
+        return nxt
+
+    def _replay(self, session: pytest.Session) -> None:
+        for line in self._replay_from.read_text().splitlines():
+            d = json.loads(line)
+            if d["i"] >= self.resume:
+                continue
+            item = session.items[d["i"]]
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            for data in d["reports"]:
+                rep = agree.load_report(self.config, data)
+                item.ihook.pytest_runtest_logreport(report=rep)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+    def world_for(self, n: int | None) -> Any:
+        return self.core.world_for(n)
+
+
+def _run_dir(config: pytest.Config) -> Path:
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    root = Path(config.getoption("dist_log_dir") or Path(config.rootpath) / ".launch-logs")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return root / f"torchrun-{run_id}-{os.getppid()}"
+
+
+def _mismatch(all_ids: list[list[str]]) -> str:
+    lines = ["launch: ranks collected different tests; no test was run."]
+    base = all_ids[0]
+    for r, ids in enumerate(all_ids[1:], start=1):
+        if ids == base:
+            continue
+        k = next((j for j, (a, b) in enumerate(zip(base, ids, strict=False)) if a != b),
+                 min(len(base), len(ids)))
+        a = base[k] if k < len(base) else "(end of list)"
+        b = ids[k] if k < len(ids) else "(end of list)"
+        lines.append(f"  first difference at test #{k}: rank 0 has {a}, rank {r} has {b} "
+                     f"({len(base)} vs {len(ids)} tests)")
+    lines.append("Collection must not depend on the rank (check parametrize and skipif).")
+    return "\n".join(lines)
+

@@ -1,0 +1,262 @@
+"""Parent mode: plain ``pytest`` (also each pytest-xdist worker).
+
+Unmarked tests run here as usual. A ``world_size(n)``-marked test runs in a
+world of n ranks that this process launches through ``torch.distributed.run``
+on the first test needing it and keeps for the session (one world per size).
+The parent hosts a TCPStore; the ranks run pytest in server mode
+(``launch.server``) over the same test files; the parent sends test ids and
+logs the reports it gets back as the item's own, so ids, tracebacks, ``-k``,
+``-x``, ``--lf`` and junit work as for any test.
+
+A world that dies (hang, dead rank) fails the test it was running, with the
+ranks' report, and the next test of that size gets a fresh world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.plugin import SERVER_ENV, world_size_of
+
+START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
+GRACE = 30.0  # seconds past a test's timeout before the parent kills its world
+
+
+@dataclass
+class _World:
+    n: int
+    prefix: str
+    store: Any  # PrefixStore(prefix, parent's store), as the ranks see it
+    proc: subprocess.Popen
+    log_path: Path
+    seq: int = 0
+    answered: int = 0
+    deadline: float = float("inf")
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Parent:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.worlds: dict[int, _World] = {}
+        self.broken: dict[int, str] = {}
+        self.store: Any = None
+        self.gen = 0
+        self.files: dict[int, list[str]] = {}
+        self.next_of: dict[str, str | None] = {}
+        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        root = Path(config.getoption("dist_log_dir") or Path(config.rootpath) / ".launch-logs")
+        self.log_dir = root / self.run_id
+
+    # -- plan ---------------------------------------------------------------
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        last: dict[int, pytest.Item] = {}
+        for item in session.items:
+            n = world_size_of(item)
+            if n is None:
+                continue
+            path = str(item.path)
+            files = self.files.setdefault(n, [])
+            if path not in files:
+                files.append(path)
+            if n in last:
+                self.next_of[last[n].nodeid] = item.nodeid
+            last[n] = item
+            self.next_of.setdefault(item.nodeid, None)
+
+    # -- running one test remotely -------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        n = world_size_of(item)
+        if n is None:
+            return None
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for rep in self._run(item, n):
+            ihook.pytest_runtest_logreport(report=rep)
+        # The item never set up here; finish what earlier local items left set up.
+        item.session._setupstate.teardown_exact(nextitem)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def _run(self, item: pytest.Item, n: int) -> list[Any]:
+        from launch import agree
+
+        if n in self.broken:
+            return [agree.make_report(item.nodeid, item.location, "setup", "failed", self.broken[n])]
+        w = self.worlds.get(n)
+        if w is None or w.proc.poll() is not None:
+            w = self.worlds[n] = self._start(n)
+        w.seq += 1
+        seq = w.seq
+        timeout = _timeout(item, self.config.getoption("dist_timeout"))
+        allowance = START_ALLOWANCE if w.answered == 0 else 0.0
+        with w.lock:
+            w.deadline = time.monotonic() + timeout + GRACE + allowance
+        w.store.set(f"cmd/{seq}", json.dumps(
+            {"id": item.nodeid, "next": self.next_of.get(item.nodeid)}))
+        got = w.store.multi_get([f"rep/{seq}"] + [f"o/{seq}/{r}" for r in range(n)])
+        with w.lock:
+            w.deadline = float("inf")
+        data = json.loads(got[0])
+        verdicts = [v.decode() for v in got[1:]]
+        if "died" in data or ("X" in verdicts and not data.get("fatal")):
+            text = self._death_text(w, item, data)
+            if w.answered == 0:
+                self.broken[n] = text
+            return [agree.make_report(item.nodeid, item.location, "call", "failed", text)]
+        w.answered += 1
+        local = [agree.load_report(self.config, d) for d in data["reports"]]
+        if data.get("fatal"):  # the world is going down: wait, so the next test gets a new one
+            try:
+                w.proc.wait(timeout=GRACE)
+            except subprocess.TimeoutExpired:
+                _stop(w.proc)
+            return local
+        decision = agree.decide(verdicts, tuple(range(n)))
+        return agree.apply(decision, local, item.nodeid, item.location)
+
+    def _death_text(self, w: _World, item: pytest.Item, data: dict[str, Any]) -> str:
+        why = data.get("died", "died")
+        tail = _tail(w.log_path, 40)
+        start = "while starting (no test ran in it)" if w.answered == 0 else f"during {item.nodeid}"
+        return (f"launch: the {w.n}-rank world {why} {start}\n"
+                f"logs: {w.log_path} and {self.log_dir}/{w.prefix}-rank<k>.log\n"
+                f"--- last lines of {w.log_path.name} ---\n{tail}")
+
+    # -- worlds -------------------------------------------------------------------
+    def _start(self, n: int) -> _World:
+        import torch.distributed as dist
+
+        if self.store is None:
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(hours=24))
+        self.gen += 1
+        prefix = f"w{n}g{self.gen}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{prefix}-torchrun.log"
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        env.update({SERVER_ENV: f"127.0.0.1:{self.store.port}", "LAUNCH_PREFIX": prefix,
+                    "LAUNCH_LOG_DIR": str(self.log_dir), "OMP_NUM_THREADS": "1"})
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS"):
+            env.pop(k, None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={n}", "--max-restarts=0", "-m", "pytest",
+               *self._pytest_args(n)]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL,
+                                    cwd=str(self.config.invocation_params.dir))
+        w = _World(n, prefix, dist.PrefixStore(prefix, self.store), proc, log_path)
+        threading.Thread(target=self._monitor, args=(w,), daemon=True).start()
+        return w
+
+    def _pytest_args(self, n: int) -> list[str]:
+        c = self.config
+        args = ["-p", "launch.plugin", "-p", "no:cacheprovider", "-q", f"--rootdir={c.rootpath}",
+                f"--dist-timeout={c.getoption('dist_timeout')}",
+                f"--dist-seed={c.getoption('dist_seed')}", f"--tb={c.option.tbstyle}",
+                "-o", "addopts=", "--import-mode", c.getoption("importmode")]
+        if c.inipath:
+            args += ["-c", str(c.inipath)]
+        if c.getoption("dist_backend"):
+            args.append(f"--dist-backend={c.getoption('dist_backend')}")
+        for name, flag in (("hypothesis_profile", "--hypothesis-profile"),
+                           ("hypothesis_seed", "--hypothesis-seed")):
+            val = getattr(c.option, name, None)
+            if val is not None:
+                args.append(f"{flag}={val}")
+        for w in c.getoption("pythonwarnings") or []:
+            args += ["-W", w]
+        # Plugins loaded with -p on the command line or in addopts (cleared above).
+        inv = [*c.getini("addopts"), *c.invocation_params.args]
+        for i, a in enumerate(inv):
+            name = inv[i + 1] if a == "-p" and i + 1 < len(inv) else a[2:] if a.startswith("-p") and len(a) > 2 else ""
+            if name and "xdist" not in name and name != "launch.plugin":
+                args += ["-p", name]
+        return args + self.files.get(n, [])
+
+    def _monitor(self, w: _World) -> None:
+        """Watch one world: when it exits, or outlives a test's deadline, make
+        sure the parent's pending ``rep`` key gets an answer."""
+        import torch.distributed as dist
+
+        client = dist.PrefixStore(w.prefix, dist.TCPStore(
+            "127.0.0.1", self.store.port, is_master=False, timeout=timedelta(seconds=60)))
+        why = None
+        while why is None:
+            try:
+                rc = w.proc.wait(timeout=1.0)
+                why = f"exited (code {rc})"
+            except subprocess.TimeoutExpired:
+                with w.lock:
+                    late = time.monotonic() > w.deadline
+                if late:
+                    _stop(w.proc)
+                    why = "did not answer in time and was killed"
+        try:  # answer the parent's pending wait (no-op when it was answered)
+            client.compare_set(f"rep/{w.seq}", "", json.dumps({"died": why}))
+            for r in range(w.n):
+                client.compare_set(f"o/{w.seq}/{r}", "", "X")
+        except Exception:
+            pass
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        for w in self.worlds.values():
+            if w.proc.poll() is None:
+                w.store.set(f"cmd/{w.seq + 1}", json.dumps({"stop": True}))
+        for w in self.worlds.values():
+            try:
+                w.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                _stop(w.proc)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.worlds:
+            sizes = ", ".join(str(n) for n in sorted(self.worlds))
+            terminalreporter.write_line(f"launch: worlds of {sizes} ranks; logs in {self.log_dir}")
+
+    def world_for(self, n: int | None) -> Any:
+        from launch.plugin import World
+
+        return World(0, 1, (0,), None)
+
+
+def _timeout(item: pytest.Item, default: float) -> float:
+    from launch.plugin import timeout_of
+
+    return timeout_of(item, default)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun the way it expects: SIGTERM (it stops its workers), then kill."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    keep = [ln for ln in text if not ln.startswith(("  File ", "    "))]
+    return "\n".join(keep[-lines:])

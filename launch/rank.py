@@ -1,0 +1,149 @@
+"""What every rank process does, in lockstep and server mode alike: join the
+process group, keep a log, run one test and agree on its outcome.
+
+Agreement goes over the c10d store, never the process group (a failed test
+may have left the group mid-collective): each rank sets one key with its
+verdict and reads all ranks' keys with one ``multi_get``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from _pytest.runner import runtestprotocol
+
+from launch import agree
+from launch.plugin import World, timeout_of
+from launch.watchdog import Watchdog
+
+LONG = timedelta(hours=24)  # store waits; the watchdog bounds them
+
+
+def init_process_group(config: pytest.Config) -> str:
+    """Join the default group from the torchrun env; returns the backend."""
+    torch.set_num_threads(1)
+    backend = config.getoption("dist_backend")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if dist.is_initialized():
+        return backend
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # NOTE: torchrun keeps one agent store across --max-restarts attempts, and
+        # init_process_group's keys from a dead attempt (peer addresses, barrier
+        # counts) poison the next one (connection refused / hangs). A prefix per
+        # attempt keeps each world's keys apart.
+        raw = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                            timeout=timedelta(minutes=30))
+        store = dist.PrefixStore(f"attempt{env.get('TORCHELASTIC_RESTART_COUNT', 0)}/", raw)
+        dist.init_process_group(backend, store=store, rank=int(env["RANK"]),
+                                world_size=int(env["WORLD_SIZE"]))
+    else:
+        dist.init_process_group(backend)
+    return backend
+
+
+def store_client(host: str, port: int, prefix: str, timeout: timedelta = LONG) -> Any:
+    raw = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(prefix, raw)
+
+
+def redirect_terminal(config: pytest.Config, log: Any) -> None:
+    """Send this rank's pytest terminal output to ``log``."""
+    from _pytest.config import create_terminal_writer
+
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr._tw = create_terminal_writer(config, log)
+    config.option.color = "no"
+
+
+def drop_junitxml(config: pytest.Config) -> None:
+    """Only rank 0 of a lockstep run (or the parent) writes ``--junitxml``."""
+    from _pytest.junitxml import xml_key
+
+    config.option.xmlpath = None
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        del config.stash[xml_key]
+        config.pluginmanager.unregister(xml)
+
+
+class RankCore:
+    """One rank: its stores, log, watchdog and per-test agreement."""
+
+    def __init__(self, config: pytest.Config, store: Any, side_store: Any,
+                 log: Any, on_fatal: Any) -> None:
+        self.config = config
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.store, self.log = store, log
+        self.seed = config.getoption("dist_seed")
+        self.default_timeout = config.getoption("dist_timeout")
+        self.watchdog = Watchdog(self.rank, self.size, side_store, log, on_fatal)
+        self._groups: dict[tuple[int, ...], Any] = {}
+        self.current: int | None = None  # world size of the running test
+
+    def start(self) -> None:
+        import faulthandler
+
+        faulthandler.enable(file=self.log, all_threads=True)
+        self.watchdog.start()
+
+    def world_for(self, n: int | None) -> World:
+        size = dist.get_world_size()
+        n = n or size
+        ranks = tuple(range(n))
+        if n == size:
+            group = dist.group.WORLD
+        elif ranks in self._groups:
+            group = self._groups[ranks]
+        else:
+            # NOTE: members only; non-members never call new_group.
+            group = self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+        return World(self.rank, n, ranks, group)
+
+    def run(self, item: pytest.Item | None, nodeid: str, nextitem: pytest.Item | None,
+            key: str, n: int, publish: Any = None) -> list[Any]:
+        """Run ``item`` on members (ranks < n), agree, return the reports to log.
+
+        ``publish(reports)``, if given, gets this rank's own reports as soon as
+        its verdict is posted (server mode: the parent agrees in parallel)."""
+        member = self.rank < n
+        timeout = timeout_of(item, self.default_timeout) if item is not None else self.default_timeout
+        self.watchdog.arm(key, item, timeout)
+        reports: list[Any] = []
+        if item is None:
+            mine = agree.missing_verdict(self.rank, nodeid)
+        elif member:
+            torch.manual_seed(self.seed)
+            random.seed(self.seed)
+            reports = runtestprotocol(item, nextitem=nextitem, log=False)
+            mine = agree.verdict(reports)
+        else:
+            item.session._setupstate.teardown_exact(nextitem)
+            mine = "-"
+        self.store.set(f"o/{key}/{self.rank}", mine)
+        if publish is not None:
+            publish(reports)
+        self.watchdog.agreeing()
+        got = self.store.multi_get([f"o/{key}/{r}" for r in range(self.size)])
+        self.watchdog.disarm()
+        if mine == "P" and all(v == b"P" for v in got):
+            return reports
+        verdicts = [v.decode() for v in got]
+        location = item.location if item is not None else (nodeid.split("::")[0], None, nodeid)
+        if not member:
+            return [agree.make_report(nodeid, location, "setup", "skipped",
+                                      (location[0], 0, f"Skipped: rank {self.rank} is not in "
+                                       f"the {n}-rank sub-world of this test"))]
+        decision = agree.decide(verdicts, tuple(range(n)))
+        return agree.apply(decision, reports, nodeid, location)

@@ -1,0 +1,120 @@
+"""Server mode: this process is one rank of a world that a parent pytest
+launched (``launch.parent``). It collects the test files the parent named,
+then runs the tests the parent sends, one at a time, in lockstep with its
+peers; rank 0 sends the agreed reports back.
+
+Protocol (keys under the world's prefix in the parent's store):
+``cmd/<seq>`` = ``{"id", "next", "timeout"}`` or ``{"stop": true}``;
+``o/<seq>/<rank>`` = each rank's verdict (``launch.agree``); ``rep/<seq>`` =
+rank 0's own reports, serialized with ``pytest_report_to_serializable``. The
+parent agrees from the verdicts. After a fatal fault rank 0 overwrites
+``rep/<seq>`` with the fault report and fills missing verdicts with ``"X"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from launch import agree
+from launch.plugin import SERVER_ENV
+from launch.rank import (
+    LONG,
+    RankCore,
+    drop_junitxml,
+    init_process_group,
+    redirect_terminal,
+    store_client,
+)
+
+PREFIX_ENV = "LAUNCH_PREFIX"
+LOG_ENV = "LAUNCH_LOG_DIR"
+
+
+class Server:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.items: dict[str, pytest.Item] = {}
+        self.seq = 0
+        self.key: str | None = None
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        init_process_group(config)
+        host, port = os.environ[SERVER_ENV].rsplit(":", 1)
+        prefix = os.environ[PREFIX_ENV]
+        self.store = store_client(host, int(port), prefix)
+        side = store_client(host, int(port), prefix)
+        rank = dist.get_rank()
+        log_dir = Path(os.environ[LOG_ENV])
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(log_dir / f"{prefix}-rank{rank}.log", "a", buffering=1)
+        self.core = RankCore(config, self.store, side, self.log, self._on_fatal)
+        drop_junitxml(config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        redirect_terminal(self.config, self.log)
+        self.core.start()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.items = {i.nodeid: i for i in session.items}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        while True:
+            self.seq += 1
+            cmd = json.loads(self.store.get(f"cmd/{self.seq}"))
+            if cmd.get("stop"):
+                break
+            self._one(cmd)
+        return True
+
+    def _one(self, cmd: dict[str, Any]) -> None:
+        nodeid = cmd["id"]
+        item = self.items.get(nodeid)
+        nextitem = self.items.get(cmd.get("next") or "")
+        if item is not None:
+            item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
+        # Rank 0 ships its own reports right after posting its verdict; the
+        # parent reads every rank's verdict and agrees by itself, in parallel
+        # with the ranks' agreement (one store round trip less per test).
+        seq = self.seq
+        publish = (lambda reps: self._send(self.store, seq, reps)) if self.core.rank == 0 else None
+        reports = self.core.run(item, nodeid, nextitem, str(seq), self.core.size, publish)
+        if item is not None:
+            for rep in reports:
+                item.ihook.pytest_runtest_logreport(report=rep)
+            item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
+
+    def _send(self, store: Any, seq: int, reports: list[Any], fatal: bool = False) -> None:
+        data = [agree.dump_report(self.config, r) for r in reports]
+        store.set(f"rep/{seq}", json.dumps({"reports": data, "fatal": fatal}))
+
+    def _on_fatal(self, key: str | None, item: Any, text: str) -> int:
+        if key is not None:
+            nodeid = item.nodeid if item is not None else "?"
+            location = item.location if item is not None else (nodeid, None, nodeid)
+            side = self.core.watchdog.store
+            self._send(side, int(key), [agree.make_report(nodeid, location, "call", "failed", text)],
+                       fatal=True)
+            for r in range(self.core.size):  # release the parent's wait on verdicts
+                side.compare_set(f"o/{key}/{r}", "", "X")
+        return 1
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        st = self.store
+        st.set(f"exit/{self.core.rank}", "1")
+        st.wait([f"exit/{r}" for r in range(self.core.size)], LONG)
+        session.exitstatus = 0  # outcomes travel to the parent, not via exit codes
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+    def world_for(self, n: int | None) -> Any:
+        return self.core.world_for(n)
