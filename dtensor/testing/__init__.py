@@ -1,0 +1,46 @@
+"""Testing helpers for distributed tensors: strategies, asserts, an impl adapter.
+
+Public and importable without a process group; the runtime never imports it.
+"""
+
+from __future__ import annotations
+
+from dtensor.testing.asserts import (
+    assert_local_is_empty,
+    assert_matches_single_device,
+    tolerances,
+)
+from dtensor.testing.impl import IMPLS, Impl, get_impl
+from dtensor.testing.strategies import (
+    DTYPES,
+    DistributedInput,
+    MeshLayout,
+    distributed_inputs,
+    dtypes,
+    mesh_layouts,
+    mesh_shapes,
+    placements,
+    sub_meshes,
+    tensor_shapes,
+    tensors,
+)
+
+__all__ = [
+    "DTYPES",
+    "IMPLS",
+    "DistributedInput",
+    "Impl",
+    "MeshLayout",
+    "assert_local_is_empty",
+    "assert_matches_single_device",
+    "distributed_inputs",
+    "dtypes",
+    "get_impl",
+    "mesh_layouts",
+    "mesh_shapes",
+    "placements",
+    "sub_meshes",
+    "tensor_shapes",
+    "tensors",
+    "tolerances",
+]

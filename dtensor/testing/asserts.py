@@ -1,0 +1,180 @@
+"""Asserts that compare a distributed tensor with its single-device value.
+
+They work on dtensor's ``DTensor`` and on ``torch.distributed.tensor.DTensor``
+alike (only ``to_local``, ``placements``, ``device_mesh`` and ``redistribute``
+are used), and say which rank, which shard and which global index differ.
+
+Example:
+    >>> y = (dt * 2)
+    >>> assert_matches_single_device(y, x * 2)   # on every rank of the world
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dtensor.spec import local_block
+
+__all__ = ["assert_local_is_empty", "assert_matches_single_device", "tolerances"]
+
+# (rtol, atol) per dtype; as torch.testing.assert_close's defaults, with a
+# looser float32 rtol: a sum over shards adds in a different order.
+_TOLERANCES = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """Default ``(rtol, atol)`` for ``dtype``: exact for ints and bool."""
+    return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _placements_str(placements: Sequence[Any]) -> str:
+    return "(" + ", ".join(_pstr(p) for p in placements) + ")"
+
+
+def _pstr(p: Any) -> str:
+    name = type(p).__name__
+    if name == "Shard":
+        return f"S({p.dim})"
+    if name == "Replicate":
+        return "R"
+    if name == "Partial":
+        return f"P({getattr(p, 'reduce_op', '?')})"
+    return str(p)
+
+
+def assert_local_is_empty(local: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
+    """An outsider's local result: no elements, the right dtype."""
+    if local.numel() != 0 or local.dtype != dtype:
+        raise AssertionError(
+            f"rank {_rank()} is outside the mesh{what} and must hold an empty "
+            f"{dtype} local tensor, got shape {tuple(local.shape)} {local.dtype}"
+        )
+
+
+def assert_matches_single_device(
+    dt: Any,
+    expected: torch.Tensor,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    equal_nan: bool = True,
+    check_dtype: bool = True,
+    msg: str = "",
+) -> None:
+    """``dt`` (a DTensor) holds ``expected`` (a plain global tensor).
+
+    Checks the global shape and dtype, then this rank's local block against
+    the slice of ``expected`` its mesh coordinate owns
+    (``dtensor.spec.local_block``). A rank outside the mesh must hold an empty
+    tensor of the right dtype. ``Partial`` axes are reduced first with
+    ``redistribute`` (a collective over the mesh: call this on every member).
+
+    Tolerances default to ``tolerances(expected.dtype)``. The message names
+    the rank, its coordinate, the block it holds, the first differing global
+    index and both values.
+    """
+    prefix = f"{msg}: " if msg else ""
+    expected = expected.detach()
+    if tuple(dt.shape) != tuple(expected.shape):
+        raise AssertionError(
+            f"{prefix}global shape differs on rank {_rank()}: got {tuple(dt.shape)}, "
+            f"expected {tuple(expected.shape)}"
+        )
+    if check_dtype and dt.dtype != expected.dtype:
+        raise AssertionError(
+            f"{prefix}dtype differs on rank {_rank()}: got {dt.dtype}, expected "
+            f"{expected.dtype}"
+        )
+    mesh = dt.device_mesh
+    coord = mesh.get_coordinate()
+    placements = tuple(dt.placements)
+    if coord is None:
+        assert_local_is_empty(dt.to_local().detach(), dt.dtype, f" {mesh}")
+        return
+    if any(type(p).__name__ == "Partial" for p in placements):
+        replicate = type(_first(placements, "Partial")).__module__
+        dt = _reduce_partials(dt, replicate)
+        placements = tuple(dt.placements)
+    local = dt.to_local().detach()
+    shape, offset = local_block(expected.shape, tuple(mesh.shape), _ours(placements), coord)
+    where = (
+        f"rank {_rank()} (mesh coordinate {coord} of {tuple(mesh.shape)}, placements "
+        f"{_placements_str(placements)}) holding global["
+        + ", ".join(f"{o}:{o + s}" for o, s in zip(offset, shape, strict=True))
+        + "]"
+    )
+    if tuple(local.shape) != shape:
+        raise AssertionError(
+            f"{prefix}{where}: local shape {tuple(local.shape)}, expected {shape}"
+        )
+    block = expected[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
+    _compare(local, block, offset, where, prefix, rtol, atol, equal_nan)
+
+
+def _first(placements, name):
+    return next(p for p in placements if type(p).__name__ == name)
+
+
+def _reduce_partials(dt: Any, module: str) -> Any:
+    import importlib
+
+    mod = importlib.import_module(module)
+    replicate = mod.Replicate()
+    target = [replicate if type(p).__name__ == "Partial" else p for p in dt.placements]
+    return dt.redistribute(dt.device_mesh, target)
+
+
+def _ours(placements: Sequence[Any]) -> tuple:
+    from dtensor.placement import Partial, Replicate, Shard
+
+    out = []
+    for p in placements:
+        name = type(p).__name__
+        if name == "Shard":
+            out.append(Shard(p.dim))
+        elif name == "Partial":
+            out.append(Partial())
+        else:
+            out.append(Replicate())
+    return tuple(out)
+
+
+def _compare(local, block, offset, where, prefix, rtol, atol, equal_nan) -> None:
+    if local.numel() == 0:
+        return
+    if block.dtype.is_floating_point or block.dtype.is_complex:
+        d_rtol, d_atol = tolerances(block.dtype)
+        rtol = d_rtol if rtol is None else rtol
+        atol = d_atol if atol is None else atol
+        a = local.to(torch.float64)
+        b = block.to(torch.float64)
+        if local.dtype != block.dtype:
+            a = local.to(block.dtype).to(torch.float64)
+        bad = ~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        tol = f" (rtol={rtol}, atol={atol})"
+    else:
+        bad = local.to(block.dtype) != block
+        tol = " (exact)"
+    if not bool(bad.any()):
+        return
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    gidx = tuple(i + o for i, o in zip(idx, offset, strict=True))
+    raise AssertionError(
+        f"{prefix}{where}: {int(bad.sum())} of {bad.numel()} elements differ{tol}; "
+        f"first at global index {gidx} (local {idx}): got {local[idx].item()!r}, "
+        f"expected {block[idx].item()!r}"
+    )

@@ -1,0 +1,206 @@
+"""One adapter over two DTensor implementations, so properties run on both.
+
+``get_impl("dtensor")`` is this project's runtime; ``get_impl("torch")`` is
+``torch.distributed.tensor``. Properties use strategy values (dtensor's
+placements, ``MeshLayout``) and convert them with ``impl.placements`` and
+``impl.mesh``.
+
+Example:
+    >>> impl = get_impl("torch")
+    >>> mesh = impl.mesh(layout)
+    >>> dt = impl.distribute_tensor(x, mesh, impl.placements(ps))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtensor.placement import Partial, Placement, Shard
+from dtensor.spec import local_block
+
+__all__ = ["IMPLS", "Impl", "exact_split", "get_impl", "partial_piece"]
+
+IMPLS = ("dtensor", "torch")
+
+
+@dataclass(frozen=True)
+class Impl:
+    """The names a property needs from one implementation.
+
+    ``sub_meshes``: whether meshes may leave ranks of the world out (torch's
+    ``DeviceMesh`` needs every world rank to construct it).
+    ``mixed_partials``: whether one placement tuple may mix ``Partial`` reduce
+    ops (torch raises ValueError); properties pass it to the strategies so the
+    comparison exercises everything else, and a dedicated property covers it.
+    """
+
+    name: str
+    DeviceMesh: Any
+    DTensor: Any
+    Shard: Any
+    Replicate: Any
+    Partial: Any
+    distribute_tensor: Any
+    sub_meshes: bool
+    mixed_partials: bool = True
+
+    def __repr__(self) -> str:
+        return f"Impl({self.name!r})"
+
+    def placements(self, ps: Sequence[Placement]) -> tuple:
+        """dtensor placements (as drawn) in this implementation's classes."""
+        out = []
+        for p in ps:
+            if isinstance(p, Shard):
+                out.append(self.Shard(p.dim))
+            elif isinstance(p, Partial):
+                out.append(self.Partial(p.reduce_op))
+            else:
+                out.append(self.Replicate())
+        return tuple(out)
+
+    def mesh(self, layout) -> Any:
+        """The (cached) CPU mesh of a ``MeshLayout``.
+
+        For an implementation without ``sub_meshes``, a layout that is not the
+        whole world in rank order skips the test (``pytest.skip``), the same
+        way on every rank: building it would hang the ranks outside the test.
+        """
+        if not self.sub_meshes:
+            import torch.distributed as dist
+
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            if tuple(layout.ranks) != tuple(range(world)):
+                import pytest
+
+                pytest.skip(f"{self.name}: DeviceMesh construction is collective over "
+                            f"the whole world ({world} ranks); cannot build {layout}")
+        return _mesh(self.name, layout)
+
+    def from_blocks(self, x: torch.Tensor, mesh: Any, ps: Sequence[Placement], *,
+                    exact: bool | None = None) -> Any:
+        """A DTensor holding ``x`` built from the expected local blocks.
+
+        Independent of the runtime's redistribute: each rank cuts its block of
+        ``x`` with ``dtensor.spec.local_block`` and calls ``from_local``.
+        Partial pieces are non-trivial, so a rule that wrongly keeps a
+        ``Partial`` through a non-linear op shows, yet they reduce to ``x`` in
+        any order of the mesh axes (see ``partial_piece``). ``exact``
+        (default: ``exact_split(x)``) picks integer splits; pass
+        ``all(exact_split(t) for t in operands)`` when several operands meet
+        in one op, so pieces of different magnitudes never round together.
+        """
+        coord = mesh.get_coordinate()
+        ours = tuple(ps)
+        shape, offset = local_block(x.shape, tuple(mesh.shape), ours, coord)
+        if coord is None:
+            local = torch.empty(shape, dtype=x.dtype)
+        else:
+            idx = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
+            local = x[idx].clone()
+            exact = exact_split(x) if exact is None else exact
+            for axis, p in enumerate(ours):
+                if isinstance(p, Partial):
+                    local = partial_piece(local, p.reduce_op, mesh.shape[axis], coord[axis],
+                                          exact=exact)
+        return self.DTensor.from_local(
+            local, mesh, self.placements(ours), shape=tuple(x.shape),
+            stride=x.stride() if x.is_contiguous() else None,
+        )
+
+    @contextlib.contextmanager
+    def comm_counter(self) -> Iterator[Any]:
+        """Counts collectives: ``with impl.comm_counter() as c: ...; c.total``."""
+        if self.name == "dtensor":
+            from dtensor.debug import CommCounter
+
+            with CommCounter() as c:
+                yield c
+        else:
+            from torch.distributed.tensor.debug import CommDebugMode
+
+            mode = CommDebugMode()
+            box = _TorchCount(mode)
+            with mode:
+                yield box
+
+
+class _TorchCount:
+    def __init__(self, mode: Any) -> None:
+        self._mode = mode
+
+    @property
+    def total(self) -> int:
+        return self._mode.get_total_counts()
+
+
+def exact_split(x: torch.Tensor) -> bool:
+    """Whether ``x`` can be split into integer pieces exactly (ints, and floats
+    holding small integers: exact in bfloat16 too)."""
+    if x.dtype == torch.bool:
+        return False
+    if not x.is_floating_point():
+        return True
+    if x.numel() == 0:
+        return True
+    return bool(torch.isfinite(x).all() and (x == x.round()).all() and x.abs().max() <= 64)
+
+
+def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool) -> torch.Tensor:
+    """Coordinate ``c``'s piece (of ``n``) of value ``v`` under ``Partial(op)``.
+
+    sum: ``v - (n-1)`` at 0 and ``1`` elsewhere (``v`` and zeros when the
+    split would round: non-integer floats, inf/nan); avg: ``v + (n-1)`` at 0
+    and ``v - 1`` elsewhere (``v`` everywhere when inexact); max: ``v`` at 0
+    and ``v - 1`` elsewhere; min: ``v + 1`` elsewhere (bool: False / True).
+    Every rule is affine with slope 1 at each coordinate, so nested partial
+    axes reduce to ``v`` in any order.
+    """
+    first = c == 0
+    if op == "sum":
+        if not exact:
+            return v if first else torch.zeros_like(v)
+        return v - (n - 1) if first else torch.ones_like(v)
+    if op == "avg":
+        if not exact:
+            return v
+        return v + (n - 1) if first else v - 1
+    if first:
+        return v
+    if op == "max":
+        return torch.zeros_like(v) if v.dtype == torch.bool else v - 1
+    if op == "min":
+        return torch.ones_like(v) if v.dtype == torch.bool else v + 1
+    raise ValueError(f"partial_piece: unknown reduce op {op!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _mesh(name: str, layout) -> Any:
+    impl = get_impl(name)
+    return impl.DeviceMesh("cpu", layout.grid())
+
+
+@functools.lru_cache(maxsize=2)
+def get_impl(name: str = "dtensor") -> Impl:
+    """The adapter for ``"dtensor"`` or ``"torch"``."""
+    if name == "dtensor":
+        import dtensor
+
+        return Impl("dtensor", dtensor.DeviceMesh, dtensor.DTensor, dtensor.Shard,
+                    dtensor.Replicate, dtensor.Partial, dtensor.distribute_tensor,
+                    sub_meshes=True)
+    if name == "torch":
+        from torch.distributed import tensor as tdt
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor.placement_types import Partial as TPartial
+
+        return Impl("torch", DeviceMesh, tdt.DTensor, tdt.Shard, tdt.Replicate,
+                    TPartial, tdt.distribute_tensor, sub_meshes=False,
+                    mixed_partials=False)
+    raise ValueError(f"get_impl: name must be one of {IMPLS}, got {name!r}")

@@ -1,0 +1,459 @@
+"""Hypothesis strategies for distributed tensors: meshes, placements, inputs.
+
+Every strategy is keyword-only and validates its arguments eagerly (when the
+strategy is built, not when it is drawn), naming the argument and both values,
+as ``hypothesis.extra.numpy.array_shapes`` does. Values shrink towards the
+simplest layout: 1-D meshes over all ranks, ``Replicate()``, small shapes,
+``float32``, ``arange`` contents.
+
+Meshes are described by ``MeshLayout`` values (a shape and the global ranks in
+row-major order); ``layout.build()`` turns one into a mesh. Drawing is
+deterministic given the seed, so in a lockstep test (``launch.hypothesis_lockstep``)
+every rank draws the same layout and builds the same mesh.
+
+Example:
+    >>> from hypothesis import given
+    >>> @given(distributed_inputs(world_size=4))
+    ... def test_round_trip(inp):
+    ...     dt = distribute_tensor(inp.tensor, inp.mesh, inp.placements)
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from dtensor.placement import REDUCE_OPS, Partial, Placement, Replicate, Shard
+
+__all__ = [
+    "DTYPES",
+    "DistributedInput",
+    "MeshLayout",
+    "distributed_inputs",
+    "dtypes",
+    "mesh_layouts",
+    "mesh_shapes",
+    "placements",
+    "sub_meshes",
+    "tensor_shapes",
+    "tensors",
+]
+
+#: The dtypes the property suite covers, simplest first.
+DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.int64,
+    torch.bool,
+)
+
+
+# Validation -----------------------------------------------------------------
+def _check_int(fn: str, name: str, value: Any, *, min_value: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{fn}: {name}={value!r} must be an int")
+    if value < min_value:
+        raise InvalidArgument(f"{fn}: {name}={value} must be >= {min_value}")
+
+
+def _check_order(fn: str, lo: str, lo_v: int, hi: str, hi_v: int) -> None:
+    if lo_v > hi_v:
+        raise InvalidArgument(f"{fn}: {lo}={lo_v} must be <= {hi}={hi_v}")
+
+
+# Meshes -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MeshLayout:
+    """A mesh as a value: its shape and its global ranks in row-major order.
+
+    ``ranks`` may leave ranks of the world out (a sub-mesh). ``build`` makes
+    the mesh (cached, so an example that repeats a layout reuses its groups).
+    """
+
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if math.prod(self.shape) != len(self.ranks):
+            raise InvalidArgument(
+                f"MeshLayout: shape {self.shape} holds {math.prod(self.shape)} "
+                f"ranks, got {len(self.ranks)}: {self.ranks}"
+            )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def grid(self) -> torch.Tensor:
+        return torch.tensor(self.ranks, dtype=torch.int64).reshape(self.shape)
+
+    def coordinate_of(self, rank: int) -> tuple[int, ...] | None:
+        """Mesh coordinate of global ``rank``; ``None`` when outside."""
+        if rank not in self.ranks:
+            return None
+        flat = self.ranks.index(rank)
+        return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), self.shape))
+
+    def build(self, factory: Callable[[MeshLayout], Any] | None = None) -> Any:
+        """The mesh; ``factory(layout)`` builds it (default: a dtensor CPU mesh)."""
+        return (factory or _dtensor_mesh)(self)
+
+    def __repr__(self) -> str:
+        return f"MeshLayout(shape={self.shape}, ranks={self.ranks})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
+        p.text(repr(self))
+
+
+@functools.lru_cache(maxsize=256)
+def _dtensor_mesh(layout: MeshLayout):
+    from dtensor.mesh import DeviceMesh
+
+    return DeviceMesh("cpu", layout.grid())
+
+
+@functools.lru_cache(maxsize=256)
+def _factorizations(n: int, ndim: int) -> tuple[tuple[int, ...], ...]:
+    """Ordered ways to write ``n`` as a product of ``ndim`` positive ints."""
+    if ndim == 1:
+        return ((n,),)
+    out = []
+    for d in range(1, n + 1):
+        if n % d == 0:
+            out.extend((d, *rest) for rest in _factorizations(n // d, ndim - 1))
+    return tuple(out)
+
+
+def mesh_shapes(
+    *,
+    world_size: int,
+    min_ndim: int = 1,
+    max_ndim: int = 3,
+    min_ranks: int | None = None,
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Mesh shapes of ``min_ndim..max_ndim`` axes over ``min_ranks..world_size`` ranks.
+
+    Args:
+        world_size: ranks available (>= 1).
+        min_ndim, max_ndim: number of mesh axes (1 <= min_ndim <= max_ndim).
+        min_ranks: fewest ranks the mesh may hold; defaults to ``world_size``
+            (the mesh uses every rank). Smaller values allow sub-meshes.
+
+    Size-1 axes are included (they are legal and a classic edge case). Shrinks
+    towards fewer axes, then towards the largest first axis.
+
+    Example:
+        >>> mesh_shapes(world_size=4, max_ndim=2)   # (4,), (1, 4), (2, 2), (4, 1)
+    """
+    fn = "mesh_shapes"
+    _check_int(fn, "world_size", world_size, min_value=1)
+    _check_int(fn, "min_ndim", min_ndim, min_value=1)
+    _check_int(fn, "max_ndim", max_ndim, min_value=1)
+    _check_order(fn, "min_ndim", min_ndim, "max_ndim", max_ndim)
+    if min_ranks is None:
+        min_ranks = world_size
+    _check_int(fn, "min_ranks", min_ranks, min_value=1)
+    _check_order(fn, "min_ranks", min_ranks, "world_size", world_size)
+    shapes = [
+        shape
+        for ndim in range(min_ndim, max_ndim + 1)
+        for k in range(world_size, min_ranks - 1, -1)
+        for shape in _factorizations(k, ndim)
+    ]
+    return st.sampled_from(shapes)
+
+
+def sub_meshes(
+    *,
+    world_size: int,
+    min_ndim: int = 1,
+    max_ndim: int = 3,
+    min_outsiders: int = 1,
+) -> st.SearchStrategy[MeshLayout]:
+    """Meshes over some of the world's ranks, leaving ``>= min_outsiders`` out.
+
+    The mesh's ranks are a sorted subset of ``range(world_size)``, so which
+    ranks sit outside varies (not only the last ones).
+
+    Example:
+        >>> sub_meshes(world_size=4)   # e.g. MeshLayout(shape=(1, 2), ranks=(1, 3))
+    """
+    fn = "sub_meshes"
+    _check_int(fn, "world_size", world_size, min_value=2)
+    _check_int(fn, "min_outsiders", min_outsiders, min_value=1)
+    _check_order(fn, "min_outsiders", min_outsiders, "world_size - 1", world_size - 1)
+    shapes = mesh_shapes(
+        world_size=world_size - min_outsiders,
+        min_ndim=min_ndim,
+        max_ndim=max_ndim,
+        min_ranks=1,
+    )
+
+    def with_ranks(shape: tuple[int, ...]) -> st.SearchStrategy[MeshLayout]:
+        k = math.prod(shape)
+        subsets = list(itertools.combinations(range(world_size), k))
+        return st.sampled_from(subsets).map(lambda ranks: MeshLayout(shape, ranks))
+
+    return shapes.flatmap(with_ranks)
+
+
+def mesh_layouts(
+    *,
+    world_size: int,
+    min_ndim: int = 1,
+    max_ndim: int = 3,
+    allow_sub_meshes: bool = False,
+) -> st.SearchStrategy[MeshLayout]:
+    """Mesh layouts over all ``world_size`` ranks (ranks in order), or with
+    ``allow_sub_meshes=True`` also over some of them."""
+    full = mesh_shapes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim).map(
+        lambda shape: MeshLayout(shape, tuple(range(world_size)))
+    )
+    if not allow_sub_meshes or world_size == 1:
+        return full
+    return full | sub_meshes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)
+
+
+# Placements -----------------------------------------------------------------------
+def placements(
+    *,
+    mesh_ndim: int,
+    tensor_ndim: int,
+    allow_partial: bool = True,
+    reduce_ops: Sequence[str] = REDUCE_OPS,
+    mixed_reduce_ops: bool = True,
+) -> st.SearchStrategy[tuple[Placement, ...]]:
+    """One placement per mesh axis, valid for a ``tensor_ndim``-D tensor.
+
+    ``Shard(d)`` only for ``d < tensor_ndim`` (none for 0-d tensors); several
+    axes may shard the same dim (nested sharding). With
+    ``mixed_reduce_ops=False`` all ``Partial`` axes of one tuple share their
+    reduce op (``torch.distributed.tensor`` rejects mixtures). Shrinks towards
+    ``Replicate()``, then ``Shard(0)``.
+
+    Example:
+        >>> placements(mesh_ndim=2, tensor_ndim=1)   # e.g. (Shard(dim=0), Partial('max'))
+    """
+    fn = "placements"
+    _check_int(fn, "mesh_ndim", mesh_ndim, min_value=1)
+    _check_int(fn, "tensor_ndim", tensor_ndim)
+    bad = [op for op in reduce_ops if op not in REDUCE_OPS]
+    if bad or isinstance(reduce_ops, str):
+        raise InvalidArgument(
+            f"{fn}: reduce_ops={reduce_ops!r} must be a sequence of {REDUCE_OPS}"
+        )
+    if allow_partial and not reduce_ops:
+        raise InvalidArgument(f"{fn}: allow_partial=True needs reduce_ops, got ()")
+    base: list[Placement] = [Replicate()]
+    base += [Shard(d) for d in range(tensor_ndim)]
+    if not allow_partial:
+        return st.tuples(*[st.sampled_from(base)] * mesh_ndim)
+    if mixed_reduce_ops:
+        one = st.sampled_from(base + [Partial(op) for op in reduce_ops])
+        return st.tuples(*[one] * mesh_ndim)
+    return st.sampled_from(tuple(reduce_ops)).flatmap(
+        lambda op: st.tuples(*[st.sampled_from([*base, Partial(op)])] * mesh_ndim))
+
+
+# Tensors ----------------------------------------------------------------------------
+def tensor_shapes(
+    *,
+    min_dims: int = 0,
+    max_dims: int | None = None,
+    min_side: int = 0,
+    max_side: int | None = None,
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Global tensor shapes: 0-d scalars, size-0 dims and uneven sizes included.
+
+    Defaults (as ``array_shapes``): ``max_dims = max(min_dims, 3)``,
+    ``max_side = min_side + 5``. With meshes of 2 to 4 ranks, sides up to 5
+    are mostly not divisible by the axis sizes, so shards are uneven and some
+    are empty.
+
+    Example:
+        >>> tensor_shapes(max_dims=2)   # (), (0,), (5, 3), ...
+    """
+    fn = "tensor_shapes"
+    _check_int(fn, "min_dims", min_dims)
+    if max_dims is None:
+        max_dims = max(min_dims, 3)
+    _check_int(fn, "max_dims", max_dims)
+    _check_order(fn, "min_dims", min_dims, "max_dims", max_dims)
+    _check_int(fn, "min_side", min_side)
+    if max_side is None:
+        max_side = min_side + 5
+    _check_int(fn, "max_side", max_side)
+    _check_order(fn, "min_side", min_side, "max_side", max_side)
+    side = st.integers(min_side, max_side)
+    return st.lists(side, min_size=min_dims, max_size=max_dims).map(tuple)
+
+
+def dtypes(*, include: Sequence[torch.dtype] = DTYPES) -> st.SearchStrategy[torch.dtype]:
+    """One of ``include`` (default ``DTYPES``); shrinks towards the first."""
+    include = tuple(include)
+    if not include or not all(isinstance(d, torch.dtype) for d in include):
+        raise InvalidArgument(
+            f"dtypes: include={include!r} must be a non-empty sequence of torch.dtype"
+        )
+    return st.sampled_from(include)
+
+
+#: How tensor contents are made, simplest first. ``arange``: distinct values
+#: (a misplaced shard is visible); ``small``: random small ints, exact in every
+#: dtype including bfloat16; ``normal``: random floats (ints for int/bool);
+#: ``special``: floats mixed with nan, +-inf and -0.0 (order-independent under
+#: sums, unlike huge finite values that cancel differently per shard; ints for
+#: int/bool).
+FILLS = ("arange", "small", "normal", "special")
+_SPECIAL = (float("nan"), float("inf"), float("-inf"), -0.0, 0.5, 2.0)
+
+
+def _fill(shape: tuple[int, ...], dtype: torch.dtype, fill: str, seed: int) -> torch.Tensor:
+    n = math.prod(shape)
+    if fill == "arange":
+        flat = torch.arange(n, dtype=torch.int64)
+        if dtype == torch.bfloat16:
+            flat = flat % 256  # bfloat16 holds integers exactly up to 256
+    else:
+        g = torch.Generator().manual_seed(seed)
+        if fill == "small" or not (dtype.is_floating_point):
+            flat = torch.randint(-4, 5, (n,), generator=g)
+        elif fill == "special":
+            flat = torch.randn(n, generator=g, dtype=torch.float64)
+            pick = torch.randint(0, 2 * len(_SPECIAL), (n,), generator=g)
+            special = torch.tensor(_SPECIAL, dtype=torch.float64)
+            flat = torch.where(pick < len(_SPECIAL), special[pick % len(_SPECIAL)], flat)
+        else:
+            flat = torch.randn(n, generator=g, dtype=torch.float64)
+    if dtype == torch.bool:
+        flat = flat.remainder(2) if fill == "arange" else flat > 0
+    return flat.to(dtype).reshape(shape)
+
+
+def tensors(
+    *,
+    shape: Sequence[int] | st.SearchStrategy[tuple[int, ...]] | None = None,
+    dtype: torch.dtype | st.SearchStrategy[torch.dtype] | None = None,
+    fills: Sequence[str] = FILLS,
+) -> st.SearchStrategy[torch.Tensor]:
+    """Plain (global) tensors of ``shape`` and ``dtype`` (values or strategies).
+
+    Contents come from a fill kind (see ``FILLS``) and, for random fills, a
+    drawn seed, so examples stay small and shrink to ``arange``.
+    """
+    shapes = tensor_shapes() if shape is None else shape
+    if not isinstance(shapes, st.SearchStrategy):
+        if not all(isinstance(s, int) and s >= 0 for s in shapes):
+            raise InvalidArgument(f"tensors: shape={shape!r} must be non-negative ints")
+        shapes = st.just(tuple(shapes))
+    dts = dtypes() if dtype is None else dtype
+    if not isinstance(dts, st.SearchStrategy):
+        dts = dtypes(include=(dts,))
+    bad = [f for f in fills if f not in FILLS]
+    if bad or not fills or isinstance(fills, str):
+        raise InvalidArgument(f"tensors: fills={fills!r} must be a non-empty subset of {FILLS}")
+    return st.builds(
+        _fill, shapes, dts, st.sampled_from(tuple(fills)), st.integers(0, 2**16)
+    )
+
+
+# The composite ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class DistributedInput:
+    """A global tensor, a mesh layout and placements, ready to distribute.
+
+    ``mesh`` is built from ``layout`` by the strategy's ``mesh_factory``.
+    """
+
+    tensor: torch.Tensor
+    layout: MeshLayout
+    mesh: Any
+    placements: tuple[Placement, ...]
+
+    def __repr__(self) -> str:
+        t = self.tensor
+        dt = str(t.dtype).removeprefix("torch.")
+        ps = ", ".join(map(str, self.placements))
+        return (
+            f"DistributedInput({dt}{list(t.shape)} {t.flatten().tolist()}, "
+            f"mesh={self.layout}, placements=({ps}))"
+        )
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
+        p.text(repr(self))
+
+
+@st.composite
+def _distributed_inputs(draw, world_size, min_ndim, max_ndim, allow_sub_meshes,
+                        allow_partial, reduce_ops, mixed_reduce_ops, shapes, dts, fills,
+                        mesh_factory):
+    layout = draw(
+        mesh_layouts(
+            world_size=world_size,
+            min_ndim=min_ndim,
+            max_ndim=max_ndim,
+            allow_sub_meshes=allow_sub_meshes,
+        )
+    )
+    tensor = draw(tensors(shape=shapes, dtype=dts, fills=fills))
+    ps = draw(
+        placements(
+            mesh_ndim=layout.ndim,
+            tensor_ndim=tensor.ndim,
+            allow_partial=allow_partial,
+            reduce_ops=reduce_ops,
+            mixed_reduce_ops=mixed_reduce_ops,
+        )
+    )
+    return DistributedInput(tensor, layout, layout.build(mesh_factory), ps)
+
+
+def distributed_inputs(
+    *,
+    world_size: int,
+    min_ndim: int = 1,
+    max_ndim: int = 3,
+    allow_sub_meshes: bool = False,
+    allow_partial: bool = True,
+    reduce_ops: Sequence[str] = REDUCE_OPS,
+    mixed_reduce_ops: bool = True,
+    shape: st.SearchStrategy[tuple[int, ...]] | None = None,
+    dtype: st.SearchStrategy[torch.dtype] | torch.dtype | None = None,
+    fills: Sequence[str] = FILLS,
+    mesh_factory: Callable[[MeshLayout], Any] | None = None,
+) -> st.SearchStrategy[DistributedInput]:
+    """(global tensor, mesh, placements) triples, as ``DistributedInput``.
+
+    Args:
+        world_size: ranks of the test's world.
+        min_ndim, max_ndim: mesh axes.
+        allow_sub_meshes: also meshes that leave ranks out.
+        allow_partial, reduce_ops, mixed_reduce_ops: as for ``placements``.
+        shape, dtype, fills: as for ``tensors``.
+        mesh_factory: ``layout -> mesh``; default: a cached dtensor CPU mesh.
+
+    Example:
+        >>> @given(distributed_inputs(world_size=world.size))
+        ... def check(inp):
+        ...     dt = distribute_tensor(inp.tensor, inp.mesh, inp.placements)
+    """
+    fn = "distributed_inputs"
+    _check_int(fn, "world_size", world_size, min_value=1)
+    mesh_shapes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)  # validate
+    placements(mesh_ndim=1, tensor_ndim=0, allow_partial=allow_partial,
+               reduce_ops=reduce_ops)  # validate
+    if mesh_factory is not None and not callable(mesh_factory):
+        raise InvalidArgument(f"{fn}: mesh_factory={mesh_factory!r} must be callable")
+    tensors(shape=shape, dtype=dtype, fills=fills)  # validate
+    return _distributed_inputs(world_size, min_ndim, max_ndim, allow_sub_meshes,
+                               allow_partial, reduce_ops, mixed_reduce_ops, shape, dtype,
+                               fills, mesh_factory)
