@@ -1,0 +1,375 @@
+"""OpInfo sweep: every op in ``op_db`` on a 2-rank Gloo world, ours vs torch's DTensor.
+
+For each op and up to ``--max-samples`` of its float32 CPU samples, tensor
+inputs are distributed as Replicate and as Shard(d) for each dim d that some
+input has (uneven and empty shards included); the full result is compared
+with the plain op. Per op: ``pass`` (every sample and layout right),
+``wrong`` (some result differs from the plain op, on any rank), ``error``
+(otherwise some layout raised). Random ops, ops without float32 on CPU and
+samples without tensor inputs are skipped.
+
+Run (launches its own torchrun worlds; restarts past a hung or crashed op):
+
+    python bench/opinfo_sweep.py                # all ops -> docs/opinfo.{md,json}
+    python bench/opinfo_sweep.py --ops add,mm   # a few ops, printed only
+
+Verdicts travel through the TCP store, not collectives, so a rank that
+fails alone cannot pair its next collective with the other rank's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RANK_VERDICT_TIMEOUT = 90
+
+
+# Worker ---------------------------------------------------------------------------
+def _worker(args) -> int:
+    warnings.filterwarnings("ignore")
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=RANK_VERDICT_TIMEOUT))
+    rank = dist.get_rank()
+    store = dist.distributed_c10d._get_default_store()
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    import dtensor as ours
+    from torch.distributed import tensor as theirs
+    from torch.distributed.device_mesh import DeviceMesh as TorchMesh
+
+    meshes = {
+        "ours": ours.DeviceMesh("cpu", [0, 1]),
+        "torch": TorchMesh("cpu", [0, 1]),
+    }
+    place = {
+        "ours": (ours.Replicate, ours.Shard),
+        "torch": (theirs.Replicate, theirs.Shard),
+    }
+    distribute = {"ours": ours.distribute_tensor, "torch": theirs.distribute_tensor}
+    dtype_cls = {"ours": ours.DTensor, "torch": theirs.DTensor}
+
+    ops = _select(op_db, args.ops)
+    out = open(args.results, "a") if rank == 0 else None
+    progress = Path(args.results + ".progress")
+
+    def agree(key: str, verdict: str) -> list[str]:
+        store.set(f"{key}/{rank}", verdict)
+        keys = [f"{key}/{r}" for r in range(2)]
+        store.wait(keys, datetime.timedelta(seconds=RANK_VERDICT_TIMEOUT))
+        return [store.get(k).decode() for k in keys]
+
+    def full(x, impl):
+        if isinstance(x, dtype_cls[impl]):
+            return x.full_tensor()
+        if isinstance(x, (list, tuple)):
+            return [full(y, impl) for y in x]
+        return x
+
+    def same(got, want) -> bool:
+        if isinstance(want, torch.Tensor):
+            if not isinstance(got, torch.Tensor) or got.dtype != want.dtype:
+                return False
+            if got.shape != want.shape:
+                return False
+            try:
+                torch.testing.assert_close(
+                    got, want, equal_nan=True, atol=1e-4, rtol=1e-4, check_stride=False
+                )
+            except AssertionError:
+                return False
+            return True
+        if isinstance(want, (list, tuple)):
+            return (
+                isinstance(got, (list, tuple))
+                and len(got) == len(want)
+                and all(same(g, w) for g, w in zip(got, want))
+            )
+        if isinstance(want, float) and isinstance(got, float):
+            return got == want or abs(got - want) <= 1e-4 * max(1.0, abs(want)) or (
+                got != got and want != want
+            )
+        return got == want
+
+    for index in range(args.start, len(ops)):
+        op = ops[index]
+        if rank == 0:
+            progress.write_text(json.dumps({"index": index, "name": _name(op)}))
+        record = {"index": index, "op": _name(op)}
+        try:
+            samples = _samples(op, args.max_samples, torch)
+        except Exception as e:  # noqa: BLE001
+            samples, record["skip"] = [], f"no samples: {type(e).__name__}"
+        if any(_is_random(op, s, torch) for s in samples):
+            samples, record["skip"] = [], "random"
+        cases = []
+        for sample in samples:
+            leaves = [t for t in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+                      if isinstance(t, torch.Tensor)]
+            if not leaves:
+                continue
+            try:
+                want = _call(op, sample, lambda t: t.clone())
+            except Exception:  # noqa: BLE001
+                continue
+            dims = max(t.ndim for t in leaves)
+            cases.append((sample, want, [None, *range(dims)]))
+        if not cases:
+            record.setdefault("skip", "no runnable float32 samples with tensor inputs")
+        else:
+            for impl in ("ours", "torch"):
+                verdicts = []
+                detail = None
+                R, S = place[impl]
+                for si, (sample, want, layouts) in enumerate(cases):
+                    for d in layouts:
+                        key = f"v/{index}/{impl}/{si}/{d}"
+
+                        def dist_t(t, d=d, impl=impl, R=R, S=S):
+                            p = [R()] if d is None or t.ndim <= d else [S(d)]
+                            return distribute[impl](t.detach().clone(), meshes[impl], p)
+
+                        try:
+                            got = full(_call(op, sample, dist_t), impl)
+                            v = "pass" if same(got, want) else "wrong"
+                            msg = "" if v == "pass" else "result differs"
+                        except Exception as e:  # noqa: BLE001
+                            v, msg = "error", f"{type(e).__name__}: {str(e)[:160]}"
+                        both = agree(key, v)
+                        v = "wrong" if "wrong" in both else "error" if "error" in both else "pass"
+                        if v != "pass" and detail is None:
+                            detail = f"sample {si}, {'R' if d is None else f'S({d})'}: {msg or both}"
+                        verdicts.append(v)
+                        if v == "error" and both[0] != both[1]:
+                            # one rank failed alone: resynchronise via the store
+                            agree(key + "/sync", "x")
+                verdict = (
+                    "wrong" if "wrong" in verdicts else "error" if "error" in verdicts else "pass"
+                )
+                record[impl] = verdict
+                record[impl + "_cases"] = len(verdicts)
+                if detail:
+                    record[impl + "_detail"] = detail
+        if out is not None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+    if rank == 0:
+        progress.write_text(json.dumps({"index": len(ops), "name": None}))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _name(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def _select(op_db, names):
+    ops = sorted(op_db, key=_name)
+    if names:
+        wanted = set(names.split(","))
+        ops = [o for o in ops if o.name in wanted or _name(o) in wanted]
+    return ops
+
+
+def _samples(op, limit: int, torch):
+    if torch.float32 not in op.supported_dtypes("cpu"):
+        return []
+    out = []
+    for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+        out.append(s)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _call(op, sample, convert):
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def m(x):
+        return convert(x) if isinstance(x, torch.Tensor) else x
+
+    inp = tree_map(m, sample.input)
+    args = tree_map(m, sample.args)
+    kwargs = tree_map(m, sample.kwargs)
+    return op.op(inp, *args, **kwargs)
+
+
+def _is_random(op, sample, torch) -> bool:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seeded = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                seeded.append(func)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with Watch():
+            _call(op, sample, lambda t: t.clone())
+    except Exception:  # noqa: BLE001
+        pass
+    if seeded:
+        return True
+    results = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        try:
+            results.append(_call(op, sample, lambda t: t.clone()))
+        except Exception:  # noqa: BLE001
+            return False
+    from torch.utils._pytree import tree_flatten
+
+    a, b = tree_flatten(results[0])[0], tree_flatten(results[1])[0]
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or not torch.equal(
+                torch.nan_to_num(x.float() if not x.is_complex() else x, nan=0.0),
+                torch.nan_to_num(y.float() if not y.is_complex() else y, nan=0.0),
+            ):
+                return True
+    return False
+
+
+# Parent ---------------------------------------------------------------------------
+def _parent(args) -> int:
+    results = Path(args.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    if args.update:  # re-run some ops; merge into the main results afterwards
+        main_results = results
+        results = Path(str(results) + ".update")
+        args.results = str(results)
+    results.write_text("")
+    progress = Path(args.results + ".progress")
+    progress.unlink(missing_ok=True)
+    start, t0 = 0, time.time()
+    while True:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            "--master_port", str(_free_port()), __file__, "--worker",
+            "--from-index", str(start), "--results", str(results),
+            "--max-samples", str(args.max_samples),
+        ] + (["--ops", args.ops] if args.ops else [])
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        log = open(args.results + ".log", "a")
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=args.world_timeout,
+                                stdout=log, stderr=log).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+        finally:
+            log.close()
+        if not progress.exists():
+            print("worker did not start", file=sys.stderr)
+            return 1
+        state = json.loads(progress.read_text())
+        if rc == 0 and state["name"] is None:
+            break
+        # The op in progress crashed or hung the world: count it as an error
+        # for whichever side had not finished, and go on after it.
+        done = {json.loads(line)["index"] for line in results.read_text().splitlines()}
+        if state["index"] not in done:
+            with results.open("a") as f:
+                f.write(json.dumps({"index": state["index"], "op": state["name"],
+                                    "ours": "error", "torch": "error",
+                                    "ours_detail": "world crashed or hung",
+                                    "torch_detail": "world crashed or hung",
+                                    "crash": True}) + "\n")
+        start = state["index"] + 1
+        print(f"restarting after {state['name']} (rc={rc})", file=sys.stderr)
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    if args.update:
+        fresh = {r["op"]: r for r in records}
+        old = [json.loads(line) for line in main_results.read_text().splitlines()]
+        records = [fresh.get(r["op"], r) for r in old]
+        main_results.write_text("".join(json.dumps(r) + "\n" for r in records))
+        t0 = time.time() - args.minutes * 60
+    summary = _summarise(records, time.time() - t0, args)
+    print(summary)
+    if not args.ops or args.update:
+        Path(args.markdown).write_text(summary)
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _summarise(records, seconds: float, args) -> str:
+    tested = [r for r in records if "skip" not in r]
+    skipped = [r for r in records if "skip" in r]
+    lines = [
+        "# OpInfo sweep: dtensor vs torch.distributed.tensor",
+        "",
+        f"`python bench/opinfo_sweep.py --max-samples {args.max_samples}`: "
+        f"{len(records)} OpInfo entries, float32 CPU samples (at most "
+        f"{args.max_samples} per op), 2-rank Gloo world, inputs Replicate and "
+        "Shard(d) for every dim; full results compared with the plain op "
+        f"(atol=rtol=1e-4). Took {seconds / 60:.1f} min on 2 cores.",
+        "",
+        "| | pass | wrong | error |",
+        "|---|---|---|---|",
+    ]
+    for impl in ("ours", "torch"):
+        c = {k: sum(1 for r in tested if r.get(impl) == k) for k in ("pass", "wrong", "error")}
+        pct = 100.0 * c["pass"] / max(1, len(tested))
+        label = "dtensor (ours)" if impl == "ours" else "torch.distributed.tensor"
+        lines.append(f"| {label} | {c['pass']} ({pct:.1f}%) | {c['wrong']} | {c['error']} |")
+    lines += ["", f"Tested ops: {len(tested)}; skipped: {len(skipped)} "
+              + "(" + ", ".join(
+                  f"{k}: {sum(1 for r in skipped if r['skip'] == k)}"
+                  for k in sorted({r['skip'] for r in skipped})) + ")", ""]
+    for impl in ("ours", "torch"):
+        for kind in ("wrong", "error"):
+            bad = [r for r in tested if r.get(impl) == kind]
+            if not bad:
+                continue
+            lines.append(f"## {impl}: {kind} ({len(bad)})")
+            lines.append("")
+            for r in bad:
+                lines.append(f"- `{r['op']}`: {r.get(impl + '_detail', '')}")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--from-index", dest="start", type=int, default=0)
+    ap.add_argument("--ops", default="")
+    ap.add_argument("--max-samples", type=int, default=3)
+    ap.add_argument("--results", default=str(ROOT / "bench" / ".opinfo_results.jsonl"))
+    ap.add_argument("--markdown", default=str(ROOT / "docs" / "opinfo.md"))
+    ap.add_argument("--json", default=str(ROOT / "docs" / "opinfo.json"))
+    ap.add_argument("--world-timeout", type=int, default=3600)
+    ap.add_argument("--update", action="store_true",
+                    help="with --ops: re-run those ops and merge into the full results")
+    ap.add_argument("--minutes", type=float, default=0.0,
+                    help="with --update: the full run's duration, for the summary")
+    args = ap.parse_args()
+    return _worker(args) if args.worker else _parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""Covers: dtensor/dispatch.py and dtensor/rules/ on Gloo worlds: every op row
+against the single-device result, for Replicate, Shard on each dim (uneven
+sizes included) and Partial inputs; zero-collective guarantees; errors."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dtensor import (
+    DeviceMesh,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    ShardingError,
+    UnsupportedOpError,
+    distribute_tensor,
+    implicit_replication,
+)
+from dtensor.debug import CommCounter
+
+W2 = pytest.mark.world_size(2)
+W4 = pytest.mark.world_size(4)
+
+
+def _mesh(n: int) -> DeviceMesh:
+    return DeviceMesh("cpu", list(range(n)))
+
+
+def _layouts(t: torch.Tensor, mesh_ndim: int, partial: bool):
+    """Placement tuples to try for one input on a 1-D mesh."""
+    out = [(Replicate(),)]
+    out += [(Shard(d),) for d in range(t.ndim)]
+    if partial and t.is_floating_point():
+        out.append((Partial("sum"),))
+    return out
+
+
+def _full(x):
+    if isinstance(x, DTensor):
+        return x.full_tensor()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_full(y) for y in x)
+    return x
+
+
+def _close(got, want, what: str) -> None:
+    if isinstance(want, (list, tuple)):
+        assert len(got) == len(want), what
+        for g, w in zip(got, want, strict=True):
+            _close(g, w, what)
+        return
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{what}: got {type(got)}"
+        assert got.dtype == want.dtype and got.shape == want.shape, (what, got, want)
+        torch.testing.assert_close(got, want, equal_nan=True, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m: f"{what}: {m}")
+        return
+    assert got == want, (what, got, want)
+
+
+def check(fn: Callable, inputs, mesh, *, partial: bool = True, combos=None) -> int:
+    """Run ``fn`` on DTensors of ``inputs`` over many layouts; compare with plain."""
+    want = fn(*[t.clone() for t in inputs])
+    if combos is None:
+        per = [_layouts(t, mesh.ndim, partial) for t in inputs]
+        combos = set()
+        for i, opts in enumerate(per):  # one input varied, the others replicated
+            for p in opts:
+                combo = [(Replicate(),) * mesh.ndim] * len(inputs)
+                combo[i] = p
+                combos.add(tuple(combo))
+        for d in range(max(t.ndim for t in inputs)):  # all sharded on dim d
+            combos.add(tuple((Shard(d),) if t.ndim > d else (Replicate(),) for t in inputs))
+        combos = sorted(combos, key=str)
+    for combo in combos:
+        dts = [distribute_tensor(t.clone(), mesh, list(p)) for t, p in zip(inputs, combo)]
+        with implicit_replication():  # index tensors and targets in the lambdas
+            got = _full(fn(*dts))
+        _close(got, want, f"{fn.__name__ if hasattr(fn, '__name__') else fn} {combo}")
+    return len(combos)
+
+
+class Op(NamedTuple):
+    name: str
+    fn: Callable
+    shapes: tuple
+    partial: bool = True
+    make: Callable | None = None
+
+
+def _rand(*shape):
+    return torch.randn(*shape)
+
+
+OPS = [
+    # pointwise: unary, binary with broadcasting/type promotion, ternary, scalars
+    Op("neg", torch.neg, ((5, 3),)),
+    Op("exp", torch.exp, ((5, 3),)),
+    Op("relu", torch.relu, ((4, 3),)),
+    Op("gelu", F.gelu, ((4, 3),)),
+    Op("add", torch.add, ((5, 3), (5, 3))),
+    Op("add_bcast", torch.add, ((5, 3), (3,))),
+    Op("add_bcast_col", torch.add, ((5, 3), (5, 1))),
+    Op("sub_alpha", lambda a, b: torch.sub(a, b, alpha=2), ((4, 4), (4, 4))),
+    Op("mul", torch.mul, ((5, 3), (5, 3))),
+    Op("div", torch.div, ((5, 3), (1, 3))),
+    Op("mul_scalar", lambda a: a * 2.5 + 1, ((5, 3),)),
+    Op("int_promote", lambda a: a.to(torch.int64) + 1.5, ((5, 3),), False),
+    Op("where", lambda c, a, b: torch.where(c > 0, a, b), ((5, 3), (5, 3), (3,))),
+    Op("addcmul", torch.addcmul, ((4, 3), (4, 3), (4, 3))),
+    Op("lerp", lambda a, b: torch.lerp(a, b, 0.3), ((4, 3), (4, 3))),
+    Op("zero_d_plain", lambda a: a * torch.tensor(3.0), ((5, 3),)),
+    Op("comparison", lambda a, b: a < b, ((5, 3), (5, 3))),
+    Op("masked_fill", lambda a: a.masked_fill(a > 0, 0.5), ((5, 3),)),
+    Op("clamp", lambda a: a.clamp(-0.5, 0.5), ((5, 3),)),
+    # in-place and out=
+    Op("add_", lambda a, b: a.add_(b), ((5, 3), (5, 3))),
+    Op("mul_", lambda a, b: a.mul_(b), ((5, 3), (3,))),
+    Op("copy_", lambda a, b: a.copy_(b), ((5, 3), (5, 3))),
+    Op("copy_bcast", lambda a, b: a.copy_(b), ((5, 3), (3,))),
+    Op("add_out", lambda a, b, o: (torch.add(a, b, out=o), o)[1], ((5, 3), (5, 3), (5, 3))),
+    Op("fill_", lambda a: a.fill_(2.0), ((5, 3),)),
+    Op("zero_", lambda a: a.zero_(), ((5, 3),)),
+    # reductions
+    Op("sum", torch.sum, ((5, 3),)),
+    Op("sum0", lambda a: a.sum(0), ((5, 3),)),
+    Op("sum1_keep", lambda a: a.sum(1, keepdim=True), ((5, 3),)),
+    Op("sum_dims", lambda a: a.sum((0, 2)), ((3, 4, 5),)),
+    Op("mean", torch.mean, ((5, 3),)),
+    Op("mean0", lambda a: a.mean(0), ((5, 3),)),
+    Op("mean1", lambda a: a.mean(-1, keepdim=True), ((3, 5),)),
+    Op("prod", lambda a: a.prod(1), ((5, 3),)),
+    Op("amax", lambda a: a.amax(0), ((5, 3),)),
+    Op("amin_all", lambda a: a.amin(), ((5, 3),)),
+    Op("max_dim", lambda a: tuple(a.max(0)), ((5, 3),)),
+    Op("min_dim", lambda a: tuple(a.min(1, keepdim=True)), ((5, 3),)),
+    Op("max_all", torch.max, ((5, 3),)),
+    Op("argmax", lambda a: a.argmax(0), ((5, 3),)),
+    Op("argmin_all", lambda a: a.argmin(), ((5, 3),)),
+    Op("norm", lambda a: a.norm(), ((5, 3),)),
+    Op("norm_dim", lambda a: torch.linalg.vector_norm(a, 3, dim=1), ((5, 3),)),
+    Op("var", lambda a: a.var(0), ((5, 3),)),
+    Op("std", lambda a: a.std(1, correction=0), ((5, 3),)),
+    Op("any", lambda a: (a > 1).any(0), ((5, 3),)),
+    Op("all", lambda a: (a > -3).all(), ((5, 3),)),
+    Op("logsumexp", lambda a: a.logsumexp(1), ((5, 3),)),
+    Op("cumsum", lambda a: a.cumsum(1), ((5, 3),)),
+    Op("sort", lambda a: tuple(a.sort(0)), ((5, 3),)),
+    Op("topk", lambda a: tuple(a.topk(2, 1)), ((5, 3),)),
+    # matmul family
+    Op("mm", torch.mm, ((5, 4), (4, 3))),
+    Op("mm_same", lambda a: torch.mm(a, a), ((4, 4),)),
+    Op("bmm", torch.bmm, ((3, 5, 4), (3, 4, 2))),
+    Op("addmm", torch.addmm, ((3,), (5, 4), (4, 3))),
+    Op("addmm_2d", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), ((5, 3), (5, 4), (4, 3))),
+    Op("baddbmm", torch.baddbmm, ((3, 5, 2), (3, 5, 4), (3, 4, 2))),
+    Op("matmul_3d_2d", torch.matmul, ((2, 5, 4), (4, 3))),
+    Op("linear", F.linear, ((5, 4), (3, 4), (3,))),
+    Op("mv", torch.mv, ((5, 4), (4,))),
+    Op("dot", torch.dot, ((5,), (5,))),
+    Op("einsum", lambda a, b: torch.einsum("bij,bjk->bik", a, b), ((2, 3, 4), (2, 4, 5))),
+    # views and shape ops
+    Op("view_merge", lambda a: a.view(-1), ((4, 3),)),
+    Op("view_merge_uneven", lambda a: a.view(15), ((5, 3),)),
+    Op("view_split", lambda a: a.view(2, 3, 4), ((6, 4),)),
+    Op("reshape", lambda a: a.reshape(3, 2, 4), ((6, 4),)),
+    Op("flatten", lambda a: a.flatten(1), ((4, 3, 2),)),
+    Op("unflatten", lambda a: a.unflatten(1, (2, 3)), ((4, 6),)),
+    Op("transpose", lambda a: a.transpose(0, 1), ((5, 3),)),
+    Op("permute", lambda a: a.permute(2, 0, 1), ((2, 3, 5),)),
+    Op("t", lambda a: a.t(), ((5, 3),)),
+    Op("unsqueeze", lambda a: a.unsqueeze(1), ((5, 3),)),
+    Op("squeeze", lambda a: a.squeeze(), ((5, 1, 2),)),
+    Op("squeeze_dim", lambda a: a.squeeze(0), ((2, 3),)),
+    Op("expand", lambda a: a.expand(2, 5, 3), ((5, 3),)),
+    Op("expand_one", lambda a: a.expand(4, 3), ((1, 3),)),
+    Op("slice", lambda a: a[1:4, ::2], ((5, 3),)),
+    Op("slice_all", lambda a: a[:, 1:], ((5, 3),)),
+    Op("select", lambda a: a[2], ((5, 3),)),
+    Op("select_col", lambda a: a[:, 1], ((5, 3),)),
+    Op("narrow", lambda a: a.narrow(1, 1, 2), ((5, 3),)),
+    Op("split", lambda a: a.split(2, 0), ((5, 3),)),
+    Op("chunk", lambda a: a.chunk(2, 1), ((5, 4),)),
+    Op("unbind", lambda a: a.unbind(1), ((5, 3),)),
+    Op("cat", lambda a, b: torch.cat([a, b], 0), ((5, 3), (2, 3))),
+    Op("cat1", lambda a, b: torch.cat([a, b], 1), ((5, 3), (5, 2))),
+    Op("stack", lambda a, b: torch.stack([a, b], 1), ((5, 3), (5, 3))),
+    Op("index_select", lambda a: a.index_select(0, torch.tensor([4, 0, 2])), ((5, 3),)),
+    Op("gather", lambda a: a.gather(1, torch.tensor([[0, 2]] * 5)), ((5, 3),)),
+    Op("flip", lambda a: a.flip(0), ((5, 3),)),
+    Op("getitem_adv", lambda a: a[torch.tensor([1, 3])], ((5, 3),)),
+    # constructors, copies, conversions
+    Op("zeros_like", torch.zeros_like, ((5, 3),)),
+    Op("ones_like", torch.ones_like, ((5, 3),)),
+    Op("full_like", lambda a: torch.full_like(a, 7.0), ((5, 3),)),
+    Op("new_zeros", lambda a: a.new_zeros(2, 2), ((5, 3),)),
+    Op("clone", torch.clone, ((5, 3),)),
+    Op("contiguous", lambda a: a.t().contiguous(), ((5, 3),)),
+    Op("to_dtype", lambda a: a.to(torch.float64), ((5, 3),)),
+    Op("to_int", lambda a: (a * 3).to(torch.int32), ((5, 3),)),
+    # nn
+    Op("softmax", lambda a: a.softmax(1), ((5, 3),)),
+    Op("log_softmax", lambda a: a.log_softmax(0), ((5, 3),)),
+    Op("layer_norm", lambda a, w, b: F.layer_norm(a, (3,), w, b), ((5, 3), (3,), (3,))),
+    Op("rms_norm", lambda a, w: F.rms_norm(a, (3,), w), ((5, 3), (3,))),
+    Op("embedding", lambda w: F.embedding(torch.tensor([[1, 0], [4, 4], [2, 3]]), w), ((5, 3),)),
+    Op("cross_entropy", lambda a: F.cross_entropy(a, torch.tensor([0, 2, 1, 1, 0])), ((5, 3),)),
+    Op("cross_entropy_sum", lambda a: F.cross_entropy(a, torch.tensor([0, 2, 1, 1, 0]), reduction="sum"), ((5, 3),)),
+    Op("nll_none", lambda a: F.nll_loss(a, torch.tensor([0, 2, 1, 1, 0]), reduction="none"), ((5, 3),)),
+    Op("mse_loss", F.mse_loss, ((5, 3), (5, 3))),
+]
+
+
+@W2
+@pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
+def test_op_matches_single_device_on_2_ranks(world, op: Op) -> None:
+    inputs = [_rand(*s) for s in op.shapes]
+    check(op.fn, inputs, _mesh(2), partial=op.partial)
+
+
+_FOUR = ["add_bcast", "sum0", "mean", "mm", "bmm", "view_merge", "view_merge_uneven",
+         "cat", "softmax", "layer_norm", "max_dim", "embedding", "cross_entropy"]
+
+
+@W4
+@pytest.mark.parametrize("op", [o for o in OPS if o.name in _FOUR], ids=_FOUR)
+def test_op_matches_single_device_on_4_ranks(world, op: Op) -> None:
+    inputs = [_rand(*s) for s in op.shapes]
+    check(op.fn, inputs, _mesh(4), partial=op.partial)
+
+
+@W4
+def test_two_dim_mesh_nested_and_mixed_layouts(world) -> None:
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+    a, b = torch.randn(5, 6), torch.randn(6, 3)
+    layouts = [
+        (Shard(0), Shard(0)), (Shard(0), Shard(1)), (Shard(1), Shard(0)),
+        (Replicate(), Shard(1)), (Partial(), Shard(0)), (Shard(1), Partial()),
+    ]
+    for la, lb in itertools.product(layouts, repeat=2):
+        for fn in (torch.mm, lambda x, y: (x @ y).sum(0), lambda x, y: x.sum(1) + y.mean()):
+            check(fn, [a, b], mesh, combos=[(la, lb)])
+    for la in layouts:
+        for fn in (lambda x: x.view(-1), lambda x: x.view(5, 2, 3), lambda x: x.t().mean(1),
+                   lambda x: x.softmax(1), lambda x: x.amax(0), lambda x: x.unsqueeze(0).expand(2, 5, 6)):
+            check(fn, [a], mesh, combos=[(la,)])
+
+
+@W2
+def test_uneven_and_empty_shards(world) -> None:
+    mesh = _mesh(2)
+    x = torch.randn(1, 4)  # rank 1 holds an empty shard on dim 0
+    for fn in (lambda a: a.amax(0), lambda a: a.argmax(), lambda a: a.mean(0),
+               lambda a: a.max(0)[0], lambda a: a.sum(), lambda a: a * 2, lambda a: a.view(4),
+               lambda a: a.squeeze(0), lambda a: a.norm(dim=0), lambda a: a.logsumexp(0)):
+        check(fn, [x], mesh)
+    y = torch.randn(3, 2)  # chunks 2 and 1: mean of local means would be wrong
+    check(lambda a: a.mean(0), [y], mesh)
+    check(lambda a: F.mse_loss(a, torch.zeros(3, 2)), [y], mesh)
+
+
+@W2
+def test_nan_in_one_shard_survives_max(world) -> None:
+    x = torch.randn(4, 3)
+    x[3, 1] = float("nan")
+    check(lambda a: a.amax(0), [x], _mesh(2))
+    check(lambda a: a.max(), [x], _mesh(2))
+
+
+# Zero-collective guarantees --------------------------------------------------------
+@W2
+def test_no_communication_where_none_is_needed(world) -> None:
+    mesh = _mesh(2)
+    a = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+    b = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+    w = distribute_tensor(torch.randn(4, 3), mesh, [Replicate()])
+    c3 = distribute_tensor(torch.randn(4, 6, 8), mesh, [Shard(1)])
+    with CommCounter() as c:
+        y = (a + b) * a - b.exp()          # pointwise, identical placements
+        z = torch.relu(a).mul_(2)
+        m = torch.mm(a, w)                 # S(0) x R
+        s = a.sum(1)                       # sum over a non-sharded dim
+        v = c3.view(4, 6, 2, 4).transpose(0, 1).unsqueeze(0).flatten(2, 3)  # local views
+        p = torch.mm(a.t(), b)             # S(1) x S(0) -> Partial
+        lin = F.linear(a, w.t())
+        sm = a.softmax(1)
+    assert c.total == 0, c.counts
+    assert m.placements == (Shard(0),) and s.placements == (Shard(0),)
+    assert p.placements == (Partial("sum"),)
+    assert y.placements == z.placements == sm.placements == lin.placements == (Shard(0),)
+    assert v.placements == (Shard(1),)
+
+
+@W2
+def test_metadata_ops_alias_the_spec_object(world) -> None:
+    x = distribute_tensor(torch.randn(4, 4), _mesh(2), [Shard(0)])
+    assert x.detach()._spec is x._spec
+    assert torch.ops.aten.alias(x)._spec is x._spec
+
+
+# Scalars, mixing, errors, fallback -------------------------------------------------
+@W2
+def test_equal_and_scalars_agree_on_every_rank(world) -> None:
+    mesh = _mesh(2)
+    t = torch.randn(5, 3)
+    u = t.clone()
+    u[4, 2] += 1  # differs only in rank 1's shard
+    a = distribute_tensor(t, mesh, [Shard(0)])
+    b = distribute_tensor(u, mesh, [Shard(0)])
+    assert torch.equal(a, a.clone()) is True
+    assert torch.equal(a, b) is False
+    assert torch.equal(a, distribute_tensor(t, mesh, [Shard(1)])) is True
+    assert a.sum().item() == pytest.approx(t.sum().item(), rel=1e-5)
+    assert bool((a > -100).all()) is True
+
+
+@W4
+def test_equal_on_a_sub_mesh_uses_only_its_ranks(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    a = distribute_tensor(torch.ones(4), mesh, [Shard(0)])
+    with CommCounter() as c:
+        r = torch.equal(a, a + 0)
+    if world.rank < 2:
+        assert r is True
+    else:  # outsiders: no collectives (torch turns the hook's None into False)
+        assert c.total == 0 and not r
+
+
+@W2
+def test_plain_tensors_mix_only_when_tiny_or_allowed(world) -> None:
+    mesh = _mesh(2)
+    a = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
+    assert torch.equal((a + torch.tensor(2.0)).full_tensor(), torch.full((4, 2), 3.0))
+    assert torch.equal((a * torch.tensor([2.0])).full_tensor(), torch.full((4, 2), 2.0))
+    with pytest.raises(ShardingError, match=r"aten\.add\.Tensor.*plain torch\.Tensor.*implicit_replication"):
+        a + torch.ones(4, 2)
+    with implicit_replication():
+        assert torch.equal((a + torch.ones(2)).full_tensor(), torch.full((4, 2), 2.0))
+
+
+@W2
+def test_random_ops_without_a_handler_raise_clearly(world) -> None:
+    a = distribute_tensor(torch.ones(4, 2), _mesh(2), [Shard(0)])
+    with pytest.raises(UnsupportedOpError, match="random ops on DTensors land with dtensor.random"):
+        torch.ops.aten.rrelu_with_noise(a, a.detach().clone(), 0.1, 0.3, True)
+
+
+@W2
+def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
+    mesh = _mesh(2)
+    x = torch.randn(5, 3)
+    a = distribute_tensor(x, mesh, [Shard(0)])
+    with caplog.at_level("DEBUG", logger="dtensor.dispatch"):
+        r1 = torch.ops.aten.trace(a)
+        torch.ops.aten.trace(a + 1)
+    assert torch.allclose(r1.full_tensor(), torch.trace(x))
+    hits = [r for r in caplog.records if "aten.trace.default" in r.getMessage()]
+    assert len(hits) <= 1
+
+
+@W2
+def test_register_rule_for_a_custom_op(world) -> None:
+    from dtensor import register_rule
+    from dtensor.dispatch import Sharding
+
+    lib = torch.library.Library("dtensor_test", "DEF")  # noqa: TOR901
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+    op = torch.ops.dtensor_test.twice.default
+
+    @register_rule(op)
+    def twice_rule(call):
+        (spec,) = call.specs
+        return Sharding(inputs=(None,), outputs=(spec.placements,))
+
+    a = distribute_tensor(torch.arange(6.0), _mesh(2), [Shard(0)])
+    with CommCounter() as c:
+        out = op(a)
+    assert c.total == 0 and out.placements == (Shard(0),)
+    assert torch.equal(out.full_tensor(), torch.arange(6.0) * 2)
+
+
+@W2
+def test_backward_through_sharded_ops(world) -> None:
+    mesh = _mesh(2)
+    x, w = torch.randn(6, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    (torch.relu(x @ w).softmax(1) * torch.arange(3.0)).mean().backward()
+    for px, pw in [(Shard(0), Replicate()), (Replicate(), Shard(1)), (Shard(1), Shard(0))]:
+        dx = distribute_tensor(x.detach(), mesh, [px]).requires_grad_()
+        dw = distribute_tensor(w.detach(), mesh, [pw]).requires_grad_()
+        with implicit_replication():
+            (torch.relu(dx @ dw).softmax(1) * torch.arange(3.0)).mean().backward()
+        torch.testing.assert_close(dx.grad.full_tensor(), x.grad)
+        torch.testing.assert_close(dw.grad.full_tensor(), w.grad)
