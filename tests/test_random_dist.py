@@ -1,0 +1,166 @@
+"""Covers: dtensor/_random_ops.py on Gloo worlds.
+
+The full tensor of every random op equals the plain-tensor reference of
+``dtensor.random`` under the same seed, bit for bit, for every mesh and
+placements (uneven and empty shards, sub-meshes); replicas agree and shards
+are not copies of each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import dtensor
+from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from dtensor import random as rng
+from dtensor.debug import CommCounter
+
+W4 = pytest.mark.world_size(4)
+
+
+def _layouts():
+    flat = DeviceMesh("cpu", [0, 1, 2, 3])
+    grid = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    some = DeviceMesh("cpu", [2, 0, 3])  # leaves rank 1 out, odd size
+    out = [(flat, (p,)) for p in (Replicate(), Shard(0), Shard(1))]
+    out += [(grid, pl) for pl in itertools.product([Replicate(), Shard(0), Shard(1)], repeat=2)]
+    out += [(some, (Shard(0),)), (some, (Replicate(),))]
+    return out
+
+
+OPS = {
+    "uniform_": (lambda t: t.uniform_(-2.0, 3.0), lambda t: rng.uniform_(t, -2.0, 3.0)),
+    "normal_": (lambda t: t.normal_(1.0, 2.0), lambda t: rng.normal_(t, 1.0, 2.0)),
+    "exponential_": (lambda t: t.exponential_(0.5), lambda t: rng.exponential_(t, 0.5)),
+    "bernoulli_": (lambda t: t.bernoulli_(0.3), None),
+    "rand_like": (torch.rand_like, None),
+    "randn_like": (torch.randn_like, None),
+    "dropout": (lambda t: torch.nn.functional.dropout(t.fill_(1.0), 0.25), None),
+}
+
+
+def _reference(name, shape):
+    t = torch.zeros(shape)
+    if name == "bernoulli_":
+        return rng.bernoulli(torch.full(shape, 0.3))
+    if name == "rand_like":
+        return rng.rand(*shape)
+    if name == "randn_like":
+        return rng.randn(*shape)
+    if name == "dropout":
+        return rng.dropout(torch.ones(shape), 0.25)
+    return OPS[name][1](t)
+
+
+@W4
+@pytest.mark.parametrize("shape", [(5, 3), (3, 0), (7,), (2, 9)], ids=str)
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_random_ops_equal_single_device_bit_for_bit(name, shape, world) -> None:
+    for mesh, placements in _layouts():
+        if any(p.is_shard() and p.dim >= len(shape) for p in placements):
+            continue
+        dtensor.manual_seed(7)
+        x = distribute_tensor(torch.zeros(shape), mesh, placements)
+        y = OPS[name][0](x)
+        rng.manual_seed(7)
+        ref = _reference(name, shape)
+        full = y.full_tensor()
+        if mesh.get_coordinate() is None:
+            assert full.numel() == 0
+        else:
+            assert torch.equal(full, ref), (name, mesh, placements)
+        # Members and outsiders alike advanced the generator once (dropout of
+        # an empty tensor draws nothing, as in torch).
+        drew = not (name == "dropout" and 0 in shape)
+        assert rng.get_rng_state().offset == int(drew)
+
+
+@W4
+def test_factories_match_and_replicas_agree_shards_differ(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    for factory, ref in ((dtensor.rand, rng.rand), (dtensor.randn, rng.randn)):
+        for placements in ([Shard(0), Replicate()], [Shard(0), Shard(0)], [Replicate(), Shard(1)]):
+            dtensor.manual_seed(11)
+            x = factory(9, 4, device_mesh=mesh, placements=placements)
+            rng.manual_seed(11)
+            assert torch.equal(x.full_tensor(), ref(9, 4)), (factory, placements)
+    x = dtensor.rand(8, 8, device_mesh=mesh, placements=[Shard(0), Replicate()])
+    blocks = [torch.empty(4, 8) for _ in range(4)]
+    torch.distributed.all_gather(blocks, x.to_local().contiguous())
+    assert torch.equal(blocks[0], blocks[1]) and torch.equal(blocks[2], blocks[3])  # replicas
+    assert not torch.equal(blocks[0], blocks[2])  # shards are not copies
+
+
+@W4
+def test_consecutive_ops_follow_the_single_device_sequence(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    dtensor.manual_seed(3)
+    a = dtensor.rand(6, device_mesh=mesh, placements=[Shard(0)])
+    b = dtensor.randn(6, device_mesh=mesh, placements=[Replicate()])
+    c = distribute_tensor(torch.zeros(6), mesh, [Shard(0)]).uniform_()
+    rng.manual_seed(3)
+    assert torch.equal(a.full_tensor(), rng.rand(6))
+    assert torch.equal(b.full_tensor(), rng.randn(6))
+    assert torch.equal(c.full_tensor(), rng.rand(6))
+    assert not torch.equal(a.full_tensor(), c.full_tensor())
+
+
+@W4
+def test_outsiders_advance_without_communicating(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 2])
+    dtensor.manual_seed(5)
+    with CommCounter() as c:
+        x = dtensor.rand(4, device_mesh=mesh, placements=[Shard(0)])
+    assert rng.get_rng_state().offset == 1
+    if mesh.get_coordinate() is None:
+        assert c.total == 0 and x.to_local().numel() == 0
+    # The next op on a world-wide mesh agrees everywhere.
+    y = dtensor.rand(4, device_mesh=DeviceMesh("cpu", [0, 1, 2, 3]), placements=[Shard(0)])
+    rng.manual_seed(5)
+    rng.rand(4)
+    assert torch.equal(y.full_tensor(), rng.rand(4))
+
+
+@W4
+def test_dropout_backward_uses_the_forward_mask(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    torch.manual_seed(0)
+    full = torch.randn(6, 5, dtype=torch.float64)
+    x = distribute_tensor(full.clone().requires_grad_(), mesh, [Shard(0), Shard(1)])
+    dtensor.manual_seed(2)
+    y = torch.nn.Dropout(0.4)(x)
+    (y * 3).sum().backward()
+    ref_x = full.clone().requires_grad_()
+    rng.manual_seed(2)
+    (rng.dropout(ref_x, 0.4) * 3).sum().backward()
+    assert torch.equal(y.full_tensor(), rng_dropout_again(full, 2, 0.4))
+    assert torch.equal(x.grad.full_tensor(), ref_x.grad)
+
+
+def rng_dropout_again(full, seed, p):
+    rng.manual_seed(seed)
+    return rng.dropout(full, p)
+
+
+@W4
+def test_native_dropout_and_partial_inputs(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    piece = torch.ones(8)
+    p = DTensor.from_local(piece, mesh, [Partial()])
+    dtensor.manual_seed(9)
+    out, mask = torch.ops.aten.native_dropout(p, 0.5, True)
+    assert out.placements == (Partial(),)
+    rng.manual_seed(9)
+    ref = rng.dropout(torch.full((8,), 4.0), 0.5)
+    assert torch.equal(out.full_tensor(), ref)
+    assert torch.equal(mask.full_tensor(), ref != 0)
+
+
+@W4
+def test_seed_mismatch_is_a_clear_error_everywhere(world) -> None:
+    with pytest.raises(dtensor.ShardingError, match="different seeds"):
+        dtensor.manual_seed(world.rank)
+    dtensor.manual_seed(0)  # agreeing seeds pass

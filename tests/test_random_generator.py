@@ -1,0 +1,450 @@
+"""Covers: dtensor/random.py (pure; no process group)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from dtensor.testing.strategies import tensor_shapes
+
+import dtensor.random as R
+
+M32 = 0xFFFFFFFF
+
+# ---------------------------------------------------------------------------
+# Known answers (Random123 kat_vectors, philox4x32_10)
+# ---------------------------------------------------------------------------
+
+KATS = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((M32,) * 4, (M32, M32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize(("ctr", "key", "expected"), KATS)
+def test_philox_known_answers(ctr: tuple, key: tuple, expected: tuple) -> None:
+    c = torch.tensor(ctr, dtype=torch.int64)
+    assert tuple(R.philox4x32(c, key).tolist()) == expected
+    assert tuple(R.philox4x32(c, torch.tensor(key)).tolist()) == expected
+    assert c.tolist() == list(ctr)  # input untouched
+
+
+def test_philox_batched_and_broadcast_key() -> None:
+    ctrs = torch.tensor([k[0] for k in KATS], dtype=torch.int64)
+    keys = torch.tensor([k[1] for k in KATS], dtype=torch.int64)
+    assert R.philox4x32(ctrs, keys).tolist() == [list(k[2]) for k in KATS]
+    both = R.philox4x32(ctrs[:1].expand(3, 4), torch.tensor([0, 0]))
+    assert both.tolist() == [list(KATS[0][2])] * 3
+
+
+def test_fast_philox_matches_reference_for_wide_counters() -> None:
+    g = torch.tensor([0, 1, 5, 2**32 - 1, 2**32, 2**40 + 7, 2**62 + 3])
+    seed, offset = 0x0123456789ABCDEF, 0xFEDCBA9876543210
+    ctr = torch.stack(
+        [g & M32, g >> 32, torch.full_like(g, offset & M32), torch.full_like(g, offset >> 32)], -1
+    )
+    expected = R.philox4x32(ctr, (seed & M32, seed >> 32))
+    assert torch.equal(R._philox_groups(g.clone(), None, offset, seed), expected)
+    small = g[:4]
+    assert torch.equal(R._philox_groups(small.clone(), 0, offset, seed), expected[:4])
+
+
+def test_documented_counter_mapping() -> None:
+    """Element i of a float32 uniform op is word i of the (seed, offset) stream."""
+    seed, offset, shape = 2**40 + 17, 3 * 2**32 + 5, (3, 7)
+    n = math.prod(shape)
+    i = torch.arange(n)
+    ctr = torch.stack(
+        [(i >> 2) & M32, i >> 34, torch.full_like(i, offset & M32), torch.full_like(i, offset >> 32)],
+        -1,
+    )
+    words = R.philox4x32(ctr, (seed & M32, seed >> 32)).gather(1, (i & 3)[:, None])[:, 0]
+    expected = ((words >> 8).double() * 2.0**-24).float().reshape(shape)
+    got = R.uniform_block(seed, offset, shape, (0, 0), shape, dtype=torch.float32)
+    assert torch.equal(got, expected)
+
+
+def _reference_words(seed: int, offset: int, idx: torch.Tensor, w: int) -> torch.Tensor:
+    """Words ``[..., w]`` of elements ``idx`` straight from the documented mapping."""
+    k = idx.unsqueeze(-1) * w + torch.arange(w)  # stream word numbers
+    g = k >> 2
+    ctr = torch.stack(
+        [g & M32, g >> 32, torch.full_like(g, offset & M32), torch.full_like(g, offset >> 32)], -1
+    )
+    out = R.philox4x32(ctr, (seed & M32, seed >> 32))  # [..., w, 4]
+    return out.gather(-1, (k & 3).unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize(
+    ("lo", "ls"),
+    [((2**20 - 3, 2**20 - 5), (3, 5)), ((7, 0), (2, 2**20)), ((2**19, 11), (1, 9))],
+)
+def test_blocks_of_a_huge_global_tensor_follow_the_mapping(lo: tuple, ls: tuple) -> None:
+    """Global indices near 2**40: the counter's high word is used (not allocated)."""
+    gs, seed, offset = (2**20, 2**20), 99, 2**63 + 1
+    idx = R.global_indices(gs, lo, ls)
+    if idx.numel() > 4096:  # check a few thousand elements only
+        idx, sl = idx[:, :2048], (slice(None), slice(0, 2048))
+    else:
+        sl = (slice(None), slice(None))
+    f32 = ((_reference_words(seed, offset, idx, 1)[..., 0] >> 8).double() * 2.0**-24).float()
+    assert torch.equal(R.uniform_block(seed, offset, gs, lo, ls)[sl], f32)
+    w2 = _reference_words(seed, offset, idx, 2)
+    f64 = ((w2[..., 0] << 21) | (w2[..., 1] >> 11)).double() * 2.0**-53
+    assert torch.equal(R.uniform_block(seed, offset, gs, lo, ls, dtype=torch.float64)[sl], f64)
+
+
+def test_global_indices() -> None:
+    assert R.global_indices((3, 4), (1, 2), (2, 2)).tolist() == [[6, 7], [10, 11]]
+    assert R.global_indices((), (), ()).tolist() == 0
+    assert R.global_indices((3, 0), (1, 0), (2, 0)).shape == (2, 0)
+    with pytest.raises(ValueError, match="dim 1"):
+        R.global_indices((3, 4), (0, 3), (1, 2))
+
+
+# ---------------------------------------------------------------------------
+# Bit-for-bit block stitching
+# ---------------------------------------------------------------------------
+
+
+class Op(NamedTuple):
+    name: str
+    fn: Callable[..., torch.Tensor]
+    kwargs: dict[str, Any]
+
+
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+OPS = [
+    *(Op(f"uniform-{d}", R.uniform_block, {"dtype": d}) for d in FLOATS),
+    *(Op(f"uniform-ab-{d}", R.uniform_block, {"dtype": d, "low": -2.5, "high": 3.0}) for d in FLOATS),
+    *(Op(f"normal-{d}", R.normal_block, {"dtype": d, "mean": 1.0, "std": 2.0}) for d in FLOATS),
+    *(Op(f"exponential-{d}", R.exponential_block, {"dtype": d, "lambd": 0.5}) for d in FLOATS),
+    Op("randint-small", R.randint_block, {"low": -3, "high": 9}),
+    Op("randint-big", R.randint_block, {"low": -(2**40), "high": 2**41, "dtype": torch.int64}),
+    *(Op(f"random-{d}", R.random_block, {"dtype": d}) for d in [*FLOATS, torch.int64, torch.int32, torch.uint8, torch.bool]),
+    Op("bernoulli", R.bernoulli_block, {"p": 0.3}),
+    Op("dropout-mask", R.dropout_mask_block, {"p": 0.25}),
+]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point:
+        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def _assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(_bits(a), _bits(b))
+
+
+@st.composite
+def partitioned_shapes(draw: st.DrawFn) -> tuple[tuple[int, ...], list[list[tuple[int, int]]]]:
+    """A global shape and, per dim, a partition of it into (start, length) pieces."""
+    shape = draw(tensor_shapes(min_dims=0, max_dims=4, min_side=0, max_side=7))
+    pieces = []
+    for size in shape:
+        cuts = draw(st.lists(st.integers(1, max(size - 1, 1)), max_size=3, unique=True))
+        bounds = [0, *sorted(c for c in cuts if c < size), size]
+        pieces.append([(a, b - a) for a, b in itertools.pairwise(bounds)])
+    return shape, pieces
+
+
+def _stitch(op: Op, seed: int, offset: int, shape: tuple, pieces: list) -> torch.Tensor:
+    ref = op.fn(seed, offset, shape, (0,) * len(shape), shape, **op.kwargs)
+    out = torch.empty_like(ref)
+    for block in itertools.product(*pieces):
+        lo = tuple(p[0] for p in block)
+        ls = tuple(p[1] for p in block)
+        sl = tuple(slice(o, o + n) for o, n in block)
+        out[sl] = op.fn(seed, offset, shape, lo, ls, **op.kwargs)
+    return out
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@settings(max_examples=25, deadline=None)
+@given(case=partitioned_shapes(), seed=st.integers(0, 2**64 - 1), offset=st.integers(0, 2**64 - 1))
+def test_blocks_stitch_to_full_tensor_bit_for_bit(op: Op, case: tuple, seed: int, offset: int) -> None:
+    shape, pieces = case
+    ref = op.fn(seed, offset, shape, (0,) * len(shape), shape, **op.kwargs)
+    _assert_bitwise_equal(_stitch(op, seed, offset, shape, pieces), ref)
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=partitioned_shapes(), seed=st.integers(0, 2**63))
+def test_bernoulli_tensor_p_blocks_stitch(case: tuple, seed: int) -> None:
+    shape, pieces = case
+    p = torch.linspace(0, 1, math.prod(shape)).reshape(shape)
+    ref = R.bernoulli_block(seed, 7, shape, (0,) * len(shape), shape, p=p)
+    for block in itertools.product(*pieces):
+        sl = tuple(slice(o, o + n) for o, n in block)
+        lo, ls = tuple(b[0] for b in block), tuple(b[1] for b in block)
+        _assert_bitwise_equal(R.bernoulli_block(seed, 7, shape, lo, ls, p=p[sl]), ref[sl])
+
+
+@pytest.mark.parametrize("shape", [(37, 53), (5, 8, 6), (1000,)])
+def test_uneven_blocks_and_small_chunks(shape: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large-ish shapes (gather and slice paths) and the chunked Philox loop."""
+    pieces = [[(0, s // 3), (s // 3, s - s // 3 - 1), (s - 1, 1)] for s in shape]
+    for op in (OPS[0], OPS[1], OPS[8], Op("randint", R.randint_block, {"high": 10})):
+        ref = _stitch(op, 5, 9, shape, pieces)
+        monkeypatch.setattr(R, "_CHUNK", 7)
+        _assert_bitwise_equal(_stitch(op, 5, 9, shape, pieces), ref)
+        monkeypatch.undo()
+
+
+def test_replicas_get_identical_blocks() -> None:
+    a = R.normal_block(3, 4, (10, 10), (2, 3), (5, 4))
+    b = R.normal_block(3, 4, (10, 10), (2, 3), (5, 4))
+    _assert_bitwise_equal(a, b)
+
+
+def test_streams_differ_across_seeds_offsets_and_positions() -> None:
+    shape = (100, 100)
+    full = (shape, (0, 0), shape)
+    base = R.uniform_block(1, 0, *full)
+    for other in (R.uniform_block(2, 0, *full), R.uniform_block(1, 1, *full), R.uniform_block(1 + 2**32, 0, *full)):
+        assert (other == base).float().mean() < 1e-3
+        assert abs(torch.corrcoef(torch.stack([other.flatten(), base.flatten()]))[0, 1]) < 0.05
+    # a block at another position is not the top-left block again
+    assert not torch.equal(R.uniform_block(1, 0, shape, (50, 0), (50, 100)), base[:50])
+
+
+# ---------------------------------------------------------------------------
+# Value ranges and edge cases
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_uniform_never_returns_high(dtype: torch.dtype) -> None:
+    n = (20000,)
+    u = R.uniform_block(0, 0, n, (0,), n, dtype=dtype)
+    assert u.min() >= 0 and u.max() < 1
+    # an interval one ulp wide: every value must be `low`, never `high`
+    low, high = 1.0, 1.0 + 2.0 ** -(R._MANTISSA[dtype] - 1)
+    v = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=low, high=high)
+    assert (v == low).all()
+    w = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=-3.0, high=-1.0)
+    assert w.min() >= -3.0 and w.max() < -1.0
+    # `high` not representable in dtype, rounding up past it (bf16: 1.005 -> 1.0078)
+    x = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=1.0, high=1.005)
+    assert x.min() >= 1.0 and x.double().max() < 1.005
+    y = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=0.0, high=0.1)
+    assert y.min() >= 0.0 and y.double().max() < 0.1
+
+
+def test_random_ranges_follow_torch_semantics() -> None:
+    n = (4000,)
+    assert R.random_block(0, 0, n, (0,), n, dtype=torch.bfloat16).max() <= 256
+    assert R.random_block(0, 0, n, (0,), n, dtype=torch.uint8).max() > 200
+    assert set(R.random_block(0, 0, n, (0,), n, dtype=torch.bool).tolist()) == {False, True}
+    v = R.random_block(0, 0, n, (0,), n, dtype=torch.int64)
+    assert v.min() >= 0 and v.max() > 2**62
+    r = R.randint_block(0, 0, n, (0,), n, low=-5, high=-2)
+    assert set(r.tolist()) == {-5, -4, -3}
+
+
+def test_bernoulli_and_dropout_extremes_and_errors() -> None:
+    n = (1000,)
+    assert R.bernoulli_block(0, 0, n, (0,), n, p=0.0).sum() == 0
+    assert R.bernoulli_block(0, 0, n, (0,), n, p=1.0).sum() == 1000
+    assert R.dropout_mask_block(0, 0, n, (0,), n, p=0.0).all()
+    assert not R.dropout_mask_block(0, 0, n, (0,), n, p=1.0).any()
+    keep = R.dropout_mask_block(0, 0, n, (0,), n, p=0.3)
+    assert torch.equal(keep, R.bernoulli_block(0, 0, n, (0,), n, p=0.7) == 1)
+    with pytest.raises(ValueError, match="0 <= p <= 1"):
+        R.bernoulli_block(0, 0, n, (0,), n, p=1.5)
+    with pytest.raises(ValueError, match="floating dtype"):
+        R.uniform_block(0, 0, n, (0,), n, dtype=torch.int32)
+    with pytest.raises(ValueError, match="equal"):
+        R.uniform_block(0, 0, n, (0, 0), n)
+    with pytest.raises(ValueError, match="low <= high"):
+        R.uniform_block(0, 0, n, (0,), n, low=1.0, high=0.0)
+    with pytest.raises(ValueError, match="std >= 0"):
+        R.normal_block(0, 0, n, (0,), n, std=-1.0)
+    with pytest.raises(ValueError, match="range"):
+        R.randint_block(0, 0, n, (0,), n, low=0, high=300, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="high - low"):
+        R.randint_block(0, 0, n, (0,), n, low=5, high=5)
+
+
+def test_empty_and_scalar_blocks() -> None:
+    assert R.normal_block(0, 0, (3, 0), (0, 0), (3, 0)).shape == (3, 0)
+    assert R.uniform_block(0, 0, (4,), (2,), (0,)).shape == (0,)
+    s = R.uniform_block(0, 0, (), (), ())
+    assert s.shape == () and 0 <= s.item() < 1
+    assert s.item() == R.uniform_block(0, 0, (1,), (0,), (1,)).item()
+
+
+# ---------------------------------------------------------------------------
+# Statistics (a few million values; deterministic seeds, thresholds ~5 sigma)
+# ---------------------------------------------------------------------------
+
+N_STAT = 1 << 22
+CHI2_99_LIMIT = 175.0  # chi-square, 99 dof: mean 99, sd 14; P(> 175) ~ 1e-6
+
+
+def _chi2(counts: torch.Tensor) -> float:
+    counts = counts.double()
+    exp = counts.sum() / counts.numel()
+    return float(((counts - exp) ** 2 / exp).sum())
+
+
+def uniform_failures(u: torch.Tensor) -> list[str]:
+    """Reasons ``u`` (1-d, float) does not look like i.i.d. U[0, 1)."""
+    u = u.double()
+    n = u.numel()
+    bad = []
+    if not (u.min() >= 0 and u.max() < 1):
+        bad.append("range")
+    if abs(u.mean() - 0.5) > 6 * math.sqrt(1 / 12 / n):
+        bad.append("mean")
+    if abs(u.var() - 1 / 12) > 6 * math.sqrt((1 / 80 - 1 / 144) / n):
+        bad.append("variance")
+    bins = (u * 100).long().clamp(0, 99)
+    if _chi2(torch.bincount(bins, minlength=100)) > CHI2_99_LIMIT:
+        bad.append("chi2")
+    pairs = (u[0::2] * 10).long().clamp(0, 9) * 10 + (u[1::2] * 10).long().clamp(0, 9)
+    if _chi2(torch.bincount(pairs, minlength=100)) > CHI2_99_LIMIT:
+        bad.append("pairs-chi2")
+    return bad
+
+
+def test_statistics_checker_can_fail() -> None:
+    n = 1 << 16
+    assert "mean" in uniform_failures(torch.full((n,), 0.25))
+    assert "chi2" in uniform_failures(torch.rand(n, generator=torch.Generator().manual_seed(0)) ** 1.2)
+    assert "pairs-chi2" in uniform_failures(torch.linspace(0, 1 - 1e-9, n))
+    assert uniform_failures(torch.rand(n, generator=torch.Generator().manual_seed(0))) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uniform_statistics(dtype: torch.dtype) -> None:
+    n = (N_STAT,)
+    assert uniform_failures(R.uniform_block(12345, 6, n, (0,), n, dtype=dtype)) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_statistics(dtype: torch.dtype) -> None:
+    n = (N_STAT,)
+    z = R.normal_block(7, 1, n, (0,), n, dtype=dtype).double()
+    assert abs(z.mean()) < 6 / math.sqrt(N_STAT)
+    assert abs(z.var() - 1) < 6 * math.sqrt(2 / N_STAT)
+    assert abs((z**4).mean() - 3) < 6 * math.sqrt(96 / N_STAT)
+    # normal CDF through the uniform checker (probability integral transform)
+    assert uniform_failures((0.5 * torch.erfc(-z / math.sqrt(2))).clamp(max=1 - 1e-12)) == []
+
+
+def test_exponential_bernoulli_randint_statistics() -> None:
+    n = (N_STAT,)
+    e = R.exponential_block(7, 2, n, (0,), n, lambd=2.0).double()
+    assert e.min() >= 0 and abs(e.mean() - 0.5) < 6 * 0.5 / math.sqrt(N_STAT)
+    b = R.bernoulli_block(7, 3, n, (0,), n, p=0.3).double()
+    assert abs(b.mean() - 0.3) < 6 * math.sqrt(0.21 / N_STAT)
+    r = R.randint_block(7, 4, n, (0,), n, low=0, high=100)
+    assert _chi2(torch.bincount(r, minlength=100)) < CHI2_99_LIMIT
+    big = R.randint_block(7, 5, n, (0,), n, low=0, high=100 * 2**30)
+    assert _chi2(torch.bincount(big // 2**30, minlength=100)) < CHI2_99_LIMIT
+
+
+# ---------------------------------------------------------------------------
+# Process-global state and reference front end
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state():
+    with R.fork_rng():
+        yield
+
+
+def test_state_value_is_frozen_and_normalised() -> None:
+    s = R.RNGState(-1, 2**64 + 3)
+    assert (s.seed, s.offset) == (2**64 - 1, 3)
+    assert s == R.RNGState(2**64 - 1, 3) and hash(s) == hash(R.RNGState(2**64 - 1, 3))
+    with pytest.raises(AttributeError):
+        s.seed = 1  # type: ignore[misc]
+
+
+def test_manual_seed_next_offset_and_fingerprint() -> None:
+    R.manual_seed(2**33 + 5)
+    assert R.get_rng_state() == R.RNGState(2**33 + 5, 0)
+    assert R.next_offset() == 0 and R.next_offset(3) == 1
+    assert R.get_rng_state().offset == 4
+    assert R.seed_fingerprint().tolist() == [5, 2, 4, 0]
+    R.rand(3)
+    assert R.get_rng_state().offset == 5  # one offset per op
+    with pytest.raises(ValueError):
+        R.next_offset(-1)
+
+
+def test_fork_rng_restores_state_even_on_error() -> None:
+    R.manual_seed(11)
+    R.next_offset()
+    before = R.get_rng_state()
+    with pytest.raises(RuntimeError), R.fork_rng() as saved:
+        assert saved == before
+        R.rand(2)
+        R.manual_seed(99)
+        raise RuntimeError
+    assert R.get_rng_state() == before
+    with R.fork_rng():
+        a = R.rand(4)
+    assert torch.equal(a, R.rand(4))
+    assert not torch.equal(a, R.rand(4))
+
+
+def test_front_end_matches_blocks() -> None:
+    R.manual_seed(42)
+    x = R.rand(3, 4, dtype=torch.float64)
+    assert torch.equal(x, R.uniform_block(42, 0, (3, 4), (0, 0), (3, 4), dtype=torch.float64))
+    assert torch.equal(R.randn((2, 5)), R.normal_block(42, 1, (2, 5), (0, 0), (2, 5)))
+    assert torch.equal(R.randint(0, 7, (6,)), R.randint_block(42, 2, (6,), (0,), (6,), high=7))
+    p = torch.full((8,), 0.5)
+    assert torch.equal(R.bernoulli(p), R.bernoulli_block(42, 3, (8,), (0,), (8,), p=p))
+    t = torch.empty(5, dtype=torch.float16)
+    R.uniform_(t, -1, 1)
+    assert torch.equal(t, R.uniform_block(42, 4, (5,), (0,), (5,), dtype=torch.float16, low=-1, high=1))
+    R.normal_(t, 2.0, 3.0)
+    assert torch.equal(t, R.normal_block(42, 5, (5,), (0,), (5,), dtype=torch.float16, mean=2.0, std=3.0))
+    R.exponential_(t, 3.0)
+    assert torch.equal(t, R.exponential_block(42, 6, (5,), (0,), (5,), dtype=torch.float16, lambd=3.0))
+    i = torch.empty(5, dtype=torch.int32)
+    R.random_(i)
+    assert torch.equal(i, R.random_block(42, 7, (5,), (0,), (5,), dtype=torch.int32))
+    assert R.get_rng_state().offset == 8
+
+
+def test_dropout_scales_kept_values_and_is_identity_in_eval() -> None:
+    R.manual_seed(0)
+    x = torch.ones(10000)
+    assert R.dropout(x, 0.4, training=False) is x
+    assert R.get_rng_state().offset == 0
+    y = R.dropout(x, 0.4)
+    keep = R.dropout_mask_block(0, 0, (10000,), (0,), (10000,), p=0.4)
+    assert torch.equal(y != 0, keep)
+    assert torch.allclose(y[keep], torch.tensor(1 / 0.6))
+    assert abs(keep.float().mean() - 0.6) < 0.03
+    assert torch.equal(R.dropout(x, 1.0), torch.zeros(10000))
+
+
+def test_module_is_pure_torch() -> None:
+    """dtensor.random imports nothing from dtensor (the runtime wires it in)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(R))
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if m.split(".")[0] == "dtensor"], names
