@@ -1,0 +1,235 @@
+"""Benchmark of the test service against torch's own distributed harnesses.
+
+The same 20 trivial distributed tests (all_reduce of one float, check the
+sum) run (a) by our service, from plain pytest (worlds launched by the
+plugin) and under torchrun (lockstep), (b) as a ``MultiProcessTestCase``
+suite (processes spawned per test) and (c) as a ``MultiProcContinuousTest``
+suite (one world per class), at 2 and 4 ranks. Each test body records a
+timestamp on rank 0; the steady-state cost per test is the spread of those
+timestamps over the number of gaps (start-up excluded), and the whole
+command's wall time is reported beside it. It also measures lockstep mode's
+per-test agreement overhead: 200 empty tests under torchrun versus the same
+tests in one plain process.
+
+    python bench/harness.py                  # markdown tables on stdout
+    python bench/harness.py --sizes 2 --mptc-tests 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+N_TESTS = 20
+
+MARK = """
+import os, time
+
+def _mark(rank):
+    if rank == 0:
+        with open(os.environ["BENCH_MARKS"], "a") as f:
+            f.write(repr(time.monotonic()) + "\\n")
+"""
+
+OURS = MARK + """
+import pytest, torch, torch.distributed as dist
+{tests}
+"""
+OURS_TEST = """
+@pytest.mark.world_size({n})
+def test_{i:02d}(world):
+    _mark(world.rank)
+    t = torch.ones(1); dist.all_reduce(t, group=world.group); assert t.item() == {n}
+"""
+
+MPTC = MARK + """
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+from torch.testing._internal.common_utils import run_tests
+
+class Bench(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return {n}
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _check(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        _mark(self.rank)
+        t = torch.ones(1); dist.all_reduce(t); assert t.item() == {n}
+        dist.destroy_process_group()
+
+for _i in range({count}):
+    setattr(Bench, f"test_{{_i:02d}}", lambda self: self._check())
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+MPCT = MARK + """
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+from torch.testing._internal.common_utils import run_tests
+
+class Bench(MultiProcContinuousTest):
+    world_size = {n}
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    def _check(self):
+        _mark(self.rank)
+        t = torch.ones(1); dist.all_reduce(t); assert t.item() == {n}
+
+for _i in range({count}):
+    setattr(Bench, f"test_{{_i:02d}}", lambda self: self._check())
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+LOOP_TIMER = """
+import os, time, pytest
+pytest_plugins = ["launch.plugin"]
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    t0 = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        if os.environ.get("RANK", "0") == "0" and "BENCH_LOOP_FILE" in os.environ:
+            with open(os.environ["BENCH_LOOP_FILE"], "w") as f:
+                f.write(str(time.perf_counter() - t0))
+"""
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), e.get("PYTHONPATH")]))
+    e["OMP_NUM_THREADS"] = "1"
+    e.update(env or {})
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=1800)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"benchmark command failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return dt
+
+
+def _setup(d: Path) -> None:
+    (d / "conftest.py").write_text(textwrap.dedent(LOOP_TIMER))
+    (d / "pytest.ini").write_text("[pytest]\nmarkers =\n    world_size(n): ranks\n    timeout(s): t\n")
+
+
+def _harness_cmds(n: int, d: Path, count: int, mptc_count: int) -> dict[str, list[str]]:
+    py = sys.executable
+    base = ["-q", "-p", "no:cacheprovider"]
+    tests = "".join(OURS_TEST.format(n=n, i=i) for i in range(count))
+    (d / "test_ours.py").write_text(OURS.format(tests=tests))
+    (d / "mpct.py").write_text(MPCT.format(n=n, count=count))
+    (d / "mptc.py").write_text(MPTC.format(n=n, count=mptc_count))
+    return {
+        "ours, plain pytest": [py, "-m", "pytest", *base, "test_ours.py"],
+        "ours, torchrun lockstep": [py, "-m", "torch.distributed.run", "--standalone",
+                                    f"--nproc-per-node={n}", "-m", "pytest", *base,
+                                    "test_ours.py"],
+        "MultiProcContinuousTest": [py, "mpct.py"],
+        "MultiProcessTestCase": [py, "mptc.py"],
+    }
+
+
+def _marks(path: Path) -> list[float]:
+    return sorted(float(x) for x in path.read_text().split())
+
+
+def bench_sizes(n: int, mptc_count: int) -> dict[str, tuple[float, float, int]]:
+    """name -> (wall s of the whole command, s per test, tests) at n ranks.
+
+    Per test is the steady-state cost: the time between the first and the
+    last test body's start on rank 0, divided by the number of gaps, so it
+    holds everything a harness does between two tests (agreement, report
+    shipping, or a new world for MultiProcessTestCase) but not start-up."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        _setup(d)
+        for name, cmd in _harness_cmds(n, d, N_TESTS, mptc_count).items():
+            count = mptc_count if name == "MultiProcessTestCase" else N_TESTS
+            if count < 2:
+                continue
+            marks = d / "marks.txt"
+            marks.unlink(missing_ok=True)
+            wall = _run(cmd, d, {"BENCH_MARKS": str(marks)})
+            m = _marks(marks)
+            assert len(m) == count, (name, len(m))
+            out[name] = (wall, (m[-1] - m[0]) / (count - 1), count)
+    return out
+
+
+def agreement_overhead(n: int, count: int = 200, reps: int = 2) -> float:
+    """Seconds per test that lockstep agreement adds: 200 empty tests under
+    torchrun versus one plain process (steady state, min over reps)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        _setup(d)
+        body = MARK + "import os\n" + "".join(
+            f"def test_{i:03d}():\n    _mark(int(os.environ.get('RANK', 0)))\n"
+            for i in range(count))
+        (d / "test_empty.py").write_text(body)
+        marks = d / "marks.txt"
+        env = {"BENCH_MARKS": str(marks)}
+        py = sys.executable
+        base = ["-q", "-p", "no:cacheprovider", "test_empty.py"]
+        single, lock = [], []
+        for _ in range(reps):
+            for cmd, acc in (([py, "-m", "pytest", *base], single),
+                             ([py, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={n}", "-m", "pytest", *base], lock)):
+                marks.unlink(missing_ok=True)
+                _run(cmd, d, env)
+                m = _marks(marks)
+                acc.append((m[-1] - m[0]) / (len(m) - 1))
+        return min(lock) - min(single)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--mptc-tests", type=int, default=N_TESTS,
+                   help="tests for MultiProcessTestCase (it spawns a world per test: slow)")
+    args = p.parse_args()
+    rows = {n: bench_sizes(n, args.mptc_tests) for n in args.sizes}
+    over = {n: agreement_overhead(n) for n in args.sizes}
+    print("| harness | N | tests | whole command | per test (steady state) |")
+    print("|---|---|---|---|---|")
+    for n in args.sizes:
+        for name, (wall, per, count) in rows[n].items():
+            print(f"| {name} | {n} | {count} | {wall:.1f} s | {per * 1e3:.1f} ms |")
+    for n in args.sizes:
+        r = rows[n]
+        ours = r["ours, plain pytest"][1]
+        parts = [f"MultiProcContinuousTest / ours = {r['MultiProcContinuousTest'][1] / ours:.2f}x"]
+        if "MultiProcessTestCase" in r:
+            parts.insert(0, f"MultiProcessTestCase / ours = {r['MultiProcessTestCase'][1] / ours:.0f}x")
+        print(f"\nN={n}, per test: " + "; ".join(parts))
+    print("\n| lockstep agreement overhead per test | " + " | ".join(f"N={n}" for n in args.sizes) + " |")
+    print("|---|" + "---|" * len(args.sizes))
+    print("| 200 empty tests, torchrun vs one process | "
+          + " | ".join(f"{over[n] * 1e3:.2f} ms" for n in args.sizes) + " |")
+
+
+if __name__ == "__main__":
+    main()
