@@ -1,0 +1,204 @@
+"""Covers: dtensor/testing/strategies.py, dtensor/testing/asserts.py,
+dtensor/testing/impl.py (single process, no process group) and the profiles
+and example-database mirror of launch/hypothesis_lockstep.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from dtensor.placement import Partial, Replicate, Shard
+from dtensor.spec import normalize_placements
+from dtensor.testing import (
+    DTYPES,
+    MeshLayout,
+    assert_matches_single_device,
+    distributed_inputs,
+    dtypes,
+    get_impl,
+    mesh_shapes,
+    placements,
+    sub_meshes,
+    tensor_shapes,
+    tensors,
+)
+
+# -- eager validation, naming the argument -----------------------------------------
+BAD = [
+    (mesh_shapes, {"world_size": 0}, "world_size=0"),
+    (mesh_shapes, {"world_size": 4, "min_ndim": 3, "max_ndim": 2}, "min_ndim=3 must be <= max_ndim=2"),
+    (mesh_shapes, {"world_size": 2.0}, "world_size=2.0 must be an int"),
+    (mesh_shapes, {"world_size": 4, "min_ranks": 5}, "min_ranks=5 must be <= world_size=4"),
+    (sub_meshes, {"world_size": 1}, "world_size=1"),
+    (sub_meshes, {"world_size": 4, "min_outsiders": 4}, "min_outsiders=4"),
+    (placements, {"mesh_ndim": 0, "tensor_ndim": 1}, "mesh_ndim=0"),
+    (placements, {"mesh_ndim": 1, "tensor_ndim": -1}, "tensor_ndim=-1"),
+    (placements, {"mesh_ndim": 1, "tensor_ndim": 1, "reduce_ops": ("prod",)}, "reduce_ops"),
+    (placements, {"mesh_ndim": 1, "tensor_ndim": 1, "reduce_ops": ()}, "allow_partial=True"),
+    (tensor_shapes, {"min_dims": 4, "max_dims": 2}, "min_dims=4 must be <= max_dims=2"),
+    (tensor_shapes, {"min_side": 3, "max_side": 1}, "min_side=3 must be <= max_side=1"),
+    (tensor_shapes, {"min_side": True}, "min_side=True must be an int"),
+    (dtypes, {"include": ()}, "include=()"),
+    (tensors, {"fills": ("zeros",)}, "fills=('zeros',)"),
+    (distributed_inputs, {"world_size": 0}, "world_size=0"),
+    (distributed_inputs, {"world_size": 2, "mesh_factory": 3}, "mesh_factory=3"),
+]
+
+
+@pytest.mark.parametrize(("fn", "kwargs", "message"), BAD,
+                         ids=[f"{f.__name__}-{m}" for f, _, m in BAD])
+def test_bad_arguments_raise_when_the_strategy_is_built(fn, kwargs, message):
+    with pytest.raises(InvalidArgument, match=None) as e:
+        fn(**kwargs)
+    assert message in str(e.value)
+    assert fn.__name__ in str(e.value)
+
+
+def test_arguments_are_keyword_only():
+    with pytest.raises(TypeError):
+        mesh_shapes(4)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        placements(1, 2)  # type: ignore[misc]
+
+
+# -- what the strategies produce ----------------------------------------------------
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_mesh_shapes_cover_the_world(data):
+    n = data.draw(st.integers(1, 8))
+    shape = data.draw(mesh_shapes(world_size=n, max_ndim=3))
+    assert math.prod(shape) == n and 1 <= len(shape) <= 3
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_sub_meshes_leave_ranks_out(data):
+    n = data.draw(st.integers(2, 8))
+    layout = data.draw(sub_meshes(world_size=n))
+    assert len(layout.ranks) < n
+    assert list(layout.ranks) == sorted(set(layout.ranks))
+    assert all(0 <= r < n for r in layout.ranks)
+    assert layout.grid().shape == layout.shape
+
+
+def test_sub_meshes_reach_every_shape_and_outsider():
+    assert find(sub_meshes(world_size=4), lambda m: m.ranks == (1, 3)).shape in ((2,), (1, 2), (2, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1))
+    assert find(sub_meshes(world_size=4), lambda m: m.ndim == 3 and len(m.ranks) == 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_placements_are_valid_for_the_mesh_and_tensor(data):
+    mesh_ndim = data.draw(st.integers(1, 3))
+    tensor_ndim = data.draw(st.integers(0, 3))
+    mixed = data.draw(st.booleans())
+    ps = data.draw(placements(mesh_ndim=mesh_ndim, tensor_ndim=tensor_ndim,
+                              mixed_reduce_ops=mixed))
+    assert normalize_placements(ps, mesh_ndim, tensor_ndim) == ps
+    assert all(p.dim < tensor_ndim for p in ps if isinstance(p, Shard))
+    if not mixed:
+        assert len({p.reduce_op for p in ps if isinstance(p, Partial)}) <= 1
+
+
+def test_placements_shrink_to_replicate_and_reach_nested_sharding():
+    assert find(placements(mesh_ndim=2, tensor_ndim=2), lambda ps: True) == (Replicate(),) * 2
+    assert find(placements(mesh_ndim=2, tensor_ndim=1), lambda ps: ps == (Shard(0), Shard(0)))
+    assert find(placements(mesh_ndim=2, tensor_ndim=0, allow_partial=False),
+                lambda ps: True) == (Replicate(), Replicate())
+
+
+def test_tensor_shapes_reach_scalars_empty_and_uneven_dims():
+    assert find(tensor_shapes(), lambda s: True) == ()
+    assert 0 in find(tensor_shapes(min_dims=2), lambda s: 0 in s)
+    assert find(tensor_shapes(), lambda s: len(s) == 3 and all(x % 2 for x in s))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensors())
+def test_tensors_have_a_covered_dtype_and_small_shape(t):
+    assert t.dtype in DTYPES and t.ndim <= 3 and all(s <= 5 for s in t.shape)
+
+
+def test_bfloat16_arange_is_exact():
+    t = find(tensors(shape=(5, 5, 5), dtype=torch.bfloat16, fills=("arange",)), lambda t: True)
+    assert torch.equal(t.float(), torch.arange(125.0).reshape(5, 5, 5))
+
+
+@settings(max_examples=30, deadline=None)
+@given(distributed_inputs(world_size=4, allow_sub_meshes=True, mesh_factory=lambda lay: lay))
+def test_distributed_inputs_fit_together(inp):
+    assert isinstance(inp.mesh, MeshLayout) and inp.mesh is inp.layout
+    assert normalize_placements(inp.placements, inp.layout.ndim, inp.tensor.ndim)
+    assert "DistributedInput(" in repr(inp) and "0x" not in repr(inp)
+
+
+# -- asserts and the impl adapter on a one-rank mesh (no process group) --------------
+def test_assert_matches_single_device_names_rank_block_and_index():
+    impl = get_impl("dtensor")
+    mesh = impl.mesh(MeshLayout((1,), (0,)))
+    x = torch.arange(6.0).reshape(2, 3)
+    dt = impl.from_blocks(x, mesh, (Shard(1),))
+    assert_matches_single_device(dt, x)
+    wrong = x.clone()
+    wrong[1, 2] = 99
+    with pytest.raises(AssertionError) as e:
+        assert_matches_single_device(dt, wrong)
+    msg = str(e.value)
+    assert "rank 0" in msg and "global index (1, 2)" in msg and "got 5.0" in msg
+    assert "expected 99.0" in msg and "global[0:2, 0:3]" in msg
+    with pytest.raises(AssertionError, match="dtype differs"):
+        assert_matches_single_device(dt, x.double())
+    with pytest.raises(AssertionError, match="global shape differs"):
+        assert_matches_single_device(dt, x[0])
+
+
+def test_tolerances_are_dtype_aware():
+    impl = get_impl("dtensor")
+    mesh = impl.mesh(MeshLayout((1,), (0,)))
+    x = torch.full((3,), 100.0, dtype=torch.bfloat16)
+    assert_matches_single_device(impl.from_blocks(x, mesh, (Replicate(),)), x + 1)  # bf16 rtol
+    i = torch.arange(3)
+    with pytest.raises(AssertionError, match="exact"):
+        assert_matches_single_device(impl.from_blocks(i, mesh, (Replicate(),)), i + 1)
+
+
+# -- the plugin's profiles and database mirror -----------------------------------------
+def test_profiles_are_registered_without_timing_or_explain():
+    from hypothesis import HealthCheck, Phase
+
+    import launch.hypothesis_lockstep  # noqa: F401 - registers the profiles
+
+    ci = settings.get_profile("ci")
+    assert ci.derandomize and ci.deadline is None and ci.database is None
+    assert 10 <= ci.max_examples <= 25
+    for name in ("ci", "dev", "fuzz"):
+        p = settings.get_profile(name)
+        assert Phase.explain not in p.phases and p.deadline is None
+        assert HealthCheck.too_slow in p.suppress_health_check
+    assert settings.get_profile("fuzz").max_examples > settings.get_profile("dev").max_examples
+
+
+def test_database_mirror_replays_rank_zero_reads_in_order():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from launch.hypothesis_lockstep import _MirrorDB
+
+    store = dist.HashStore()
+    real = InMemoryExampleDatabase()
+    real.save(b"k", b"\x01\x02")
+    zero = _MirrorDB(real, store, 0, timedelta(seconds=5))
+    one = _MirrorDB(None, store, 1, timedelta(seconds=5))
+    assert list(zero.fetch(b"k")) == [b"\x01\x02"]
+    assert list(zero.fetch(b"nothing")) == []
+    assert list(one.fetch(b"k")) == [b"\x01\x02"]
+    assert list(one.fetch(b"nothing")) == []
+    one.save(b"k", b"\x03")  # other ranks never write
+    assert list(real.fetch(b"k")) == [b"\x01\x02"]
