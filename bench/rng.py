@@ -1,6 +1,6 @@
 """Benchmark: counter-based Philox (dtensor.random) vs torch's CPU generator.
 
-Run: ``python bench/random.py [--sizes 1e3,1e4,1e5,1e6,1e7] [--reps 7] [--threads N]``.
+Run: ``python bench/rng.py [--sizes 1e3,1e4,1e5,1e6,1e7] [--reps 7] [--threads N]``.
 Prints a markdown table (median wall time per call, ratio ours/torch). Runs of
 ours and torch are interleaved so machine noise hits both alike.
 """
