@@ -399,7 +399,7 @@ class _Distribute(torch.autograd.Function):
         if coord is None:
             return DTensor(_empty_local(spec, tensor.device), spec)
         local = tensor.detach()
-        if src_data_rank is not None:
+        if src_data_rank is not None and mesh.size() > 1:
             local = _broadcast_from(local, mesh, src_data_rank)
         replicated = spec.with_placements(
             [Replicate() if isinstance(p, Shard) else p for p in spec.placements]
@@ -421,24 +421,36 @@ class _Distribute(torch.autograd.Function):
         return full, None, None
 
 
-def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -> torch.Tensor:
-    """Make every member hold global rank ``src_data_rank``'s copy."""
-    if src_data_rank not in mesh.ranks:
+def _check_src_data_rank(mesh: DeviceMesh, src_data_rank: int | None) -> None:
+    # Pure shape check, so members and outsiders raise the same error.
+    if src_data_rank is None:
+        return
+    smallest = min(mesh.shape)
+    if not isinstance(src_data_rank, int) or not 0 <= src_data_rank < smallest:
         raise MeshError(
-            f"distribute_tensor: src_data_rank={src_data_rank} is not in {mesh!r}; "
-            "pass one of its ranks, or None to use each rank's own copy"
+            f"distribute_tensor: src_data_rank={src_data_rank!r} is a rank within each "
+            f"mesh axis, so it must be in [0, {smallest}) for mesh shape "
+            f"{tuple(mesh.shape)}; pass 0 (the default) or None to use each rank's own copy"
         )
+
+
+def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -> torch.Tensor:
+    """Make every member hold the copy of mesh coordinate (k, k, ..., k).
+
+    ``src_data_rank`` counts within each mesh axis (as in torch), so the
+    default 0 names the mesh's first member on every mesh, sub-meshes that
+    leave out global rank 0 included.
+    """
     coord = mesh.get_coordinate()
-    src_coord = mesh.mesh.flatten().tolist().index(src_data_rank)
-    src_coord = [int(i) for i in torch.unravel_index(torch.tensor(src_coord), mesh.shape)]
-    # Broadcast along each axis in turn, along the lines through the source.
+    # Axis by axis, grow the set of holders of the source's copy: along axis
+    # k only the lines whose later coordinates equal the source's take part,
+    # so every sender already holds the source's copy.
     for axis in range(mesh.ndim):
         group = mesh.axis_group(axis)
         if group is None:
             continue
-        on_line = all(coord[a] == src_coord[a] for a in range(axis))
-        if on_line:
-            local = _comm.broadcast(local, src_coord[axis], group)
+        if all(coord[a] == src_data_rank for a in range(axis + 1, mesh.ndim)):
+            local = _comm.broadcast(local, src_data_rank, group)
     return local
 
 
@@ -451,9 +463,10 @@ def distribute_tensor(
 ) -> DTensor:
     """Lay a global tensor out over a mesh (differentiable).
 
-    Every member passes a tensor of the same shape; the values of global rank
-    ``src_data_rank`` are used (broadcast first), or each rank's own when it
-    is ``None``. ``Partial`` placements keep the value on one coordinate (sum)
+    Every member passes a tensor of the same shape; the values of the member
+    at index ``src_data_rank`` of every mesh axis are used (broadcast first;
+    the default 0 is the mesh's first member), or each rank's own when it is
+    ``None``. ``Partial`` placements keep the value on one coordinate (sum)
     or all of them (avg/max/min).
 
     Example:
@@ -469,6 +482,7 @@ def distribute_tensor(
     mesh = _resolve_mesh(device_mesh, "distribute_tensor")
     if placements is None:
         placements = (Replicate(),) * mesh.ndim
+    _check_src_data_rank(mesh, src_data_rank)
     device = _device_of(mesh)
     if tensor.device.type != device.type:
         tensor = tensor.to(device)

@@ -14,6 +14,7 @@ import torch
 
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 from dtensor.debug import CommCounter
+from dtensor.errors import MeshError
 from dtensor.spec import local_block
 
 SHAPES = [(), (5,), (3, 0, 2), (5, 3, 2), (1, 7)]
@@ -133,7 +134,8 @@ def test_outsiders_get_empty_blocks_and_stay_silent(world) -> None:
     mesh = DeviceMesh("cpu", [1, 3])
     full = torch.arange(12.0).reshape(4, 3)
     with CommCounter() as c:
-        x = distribute_tensor(full, mesh, [Shard(0)], src_data_rank=1)
+        # The default source (index 0 of each mesh axis) is global rank 1 here.
+        x = distribute_tensor(full, mesh, [Shard(0)])
         y = x.redistribute(mesh, [Replicate()])
         z = (y * 2).sum()
     if mesh.get_coordinate() is None:
@@ -155,3 +157,21 @@ def test_distribute_uses_src_data_rank(world) -> None:
     assert torch.equal(x.full_tensor(), torch.ones(4))
     own = distribute_tensor(mine, mesh, [Replicate()], src_data_rank=None)
     assert torch.equal(own.to_local(), mine)
+
+
+@pytest.mark.world_size(4)
+def test_src_data_rank_counts_within_each_mesh_axis(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    mine = torch.full((2, 2), float(world.rank))
+    # Index 1 on both axes is the member at coordinate (1, 1): global rank 3.
+    x = distribute_tensor(mine, mesh, [Shard(0), Shard(1)], src_data_rank=1)
+    assert torch.equal(x.full_tensor(), torch.full((2, 2), 3.0))
+    # Default: coordinate (0, 0), also for every replica on a 2-D mesh.
+    r = distribute_tensor(mine, mesh, [Replicate(), Replicate()])
+    assert torch.equal(r.to_local(), torch.zeros(2, 2)), f"rank {world.rank}"
+    sub = DeviceMesh("cpu", [2, 3])
+    y = distribute_tensor(mine[0], sub, [Replicate()])  # default: global rank 2's copy
+    if sub.get_coordinate() is not None:
+        assert torch.equal(y.to_local(), torch.full((2,), 2.0))
+    with pytest.raises(MeshError, match=r"src_data_rank=2 .* \[0, 2\)"):
+        distribute_tensor(mine, mesh, [Replicate(), Replicate()], src_data_rank=2)

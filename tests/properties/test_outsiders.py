@@ -44,9 +44,8 @@ def test_outsiders_get_empty_results_and_issue_no_collectives(n_ranks, world, im
     expected = reference(case, xs)
     mesh = impl.mesh(layout)
     inside = layout.coordinate_of(world.rank) is not None
-    src = layout.ranks[0]  # the default (global rank 0) may be outside: see below
     with impl.comm_counter() as comm:
-        dts = [impl.distribute_tensor(x, mesh, impl.placements(p), src_data_rank=src)
+        dts = [impl.distribute_tensor(x, mesh, impl.placements(p))
                for x, p in zip(xs, pls, strict=True)]
         moved = dts[0].redistribute(mesh, impl.placements(dst))
         out = case.fn(*dts)
@@ -69,8 +68,7 @@ def test_scalar_results_are_none_outside(n_ranks, world, impl, data):
     ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=x.ndim))
     mesh = impl.mesh(layout)
     with impl.comm_counter() as comm:
-        dt = impl.distribute_tensor(x, mesh, impl.placements(ps),
-                                    src_data_rank=layout.ranks[0])
+        dt = impl.distribute_tensor(x, mesh, impl.placements(ps))
         same = dt.equal(dt)
     if layout.coordinate_of(world.rank) is None:
         assert comm.total == 0
@@ -82,10 +80,6 @@ def test_scalar_results_are_none_outside(n_ranks, world, impl, data):
             f"single device {expected!r}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug: distribute_tensor's default src_data_rank=0 is a global rank, so on a "
-    "sub-mesh without rank 0 the members raise MeshError while outsiders return "
-    "normally (a rank-dependent error); torch means group rank 0 of each mesh axis"))
 @given(data=st.data())
 def test_default_src_data_rank_works_on_every_sub_mesh(n_ranks, world, impl, data):
     # distribute_tensor's default source must exist on every mesh (torch: group
