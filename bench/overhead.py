@@ -3,11 +3,16 @@
 One process, one run, both implementations side by side on a 2-rank *fake*
 process group (collectives return at once, so this measures pure overhead),
 plus real communication on a 2-rank Gloo world (``--comm``, launched through
-torchrun by this script). Prints ratios ours/torch and ours/plain; absolute
-times on shared 2-core machines are noise, ratios from one run are not.
+torchrun by this script). Prints ratios ours/torch, ours/plain and ours/floor
+(a bare Python wrapper subclass: the cost of ``__torch_dispatch__`` itself).
+Timing rounds interleave the implementations, so load from other processes
+hits them alike; absolute times on shared 2-core machines are noise, ratios
+from one run much less so (``--stat min`` where the machine is very busy).
 
     python bench/overhead.py                 # cached + first-seen table
     python bench/overhead.py --comm          # redistribute vs bare collectives
+    python bench/overhead.py --ablate        # our path with each optimisation off
+    python bench/overhead.py --all           # all three (docs/overhead.md)
     python bench/overhead.py --profile add   # where our time goes for one op
 
 Instruction counts (``torch._C._instruction_counter``) are printed when the
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,18 +33,44 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+# Statistic over rounds: the median (default), or the minimum (--stat min),
+# which on a loaded machine estimates the cost of an undisturbed round.
+_STAT: list[Callable[[list[float]], float]] = [statistics.median]
 
-def _timeit(fn: Callable[[], object], number: int, repeat: int = 7) -> float:
+
+def _timeit(fn: Callable[[], object], number: int, repeat: int = 21) -> float:
     """Median µs per call over ``repeat`` rounds of ``number`` calls."""
-    for _ in range(max(10, number // 10)):
-        fn()
-    rounds = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
+    return _timeit_side_by_side({"fn": fn}, number, repeat)["fn"]
+
+
+def _timeit_side_by_side(
+    fns: dict[str, Callable[[], object]],
+    number: int,
+    repeat: int = 21,
+    sync: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """Median µs per call of each function, rounds interleaved.
+
+    Every round times each function for ``number`` calls in turn, starting
+    with a different one each round, so a burst of load from other processes
+    on a shared machine hits all of them alike and the ratios stay meaningful.
+    ``sync`` runs untimed before each timed block.
+    """
+    for fn in fns.values():
+        for _ in range(max(10, number // 10)):
             fn()
-        rounds.append((time.perf_counter() - t0) / number * 1e6)
-    return statistics.median(rounds)
+    rounds: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
+    for i in range(repeat):
+        # Rotate who goes first (deterministic: every rank runs the same order).
+        for name, fn in order[i % len(order):] + order[: i % len(order)]:
+            if sync is not None:
+                sync()  # e.g. a barrier: no rank's lag is charged to the next function
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            rounds[name].append((time.perf_counter() - t0) / number * 1e6)
+    return {name: _STAT[0](r) for name, r in rounds.items()}
 
 
 _COUNTER_OK: list[bool] = []
@@ -120,21 +152,70 @@ _PLAIN = {
 }
 
 
-def _first_seen(impl, mesh, op: str, n: int) -> float:
-    """µs per call when every call sees new shapes (propagation cache misses)."""
+def _first_seen_cases(
+    impl, mesh, op: str, n: int, start: int = 0
+) -> list[Callable[[], object]]:
+    """``n`` calls of ``op``, each on shapes no earlier call has seen."""
     S, R = impl.Shard, impl.Replicate
-    xs = [impl.distribute_tensor(torch.randn(4, 5 + i), mesh, [S(0)]) for i in range(n)]
-    rs = [impl.distribute_tensor(torch.randn(5 + i, 3), mesh, [R()]) for i in range(n)]
+    sizes = range(5 + start, 5 + start + n)
+    xs = [impl.distribute_tensor(torch.randn(4, k), mesh, [S(0)]) for k in sizes]
+    rs = [impl.distribute_tensor(torch.randn(k, 3), mesh, [R()]) for k in sizes]
     fns = {
-        "add": lambda i: xs[i] + xs[i],
-        "mm": lambda i: torch.mm(xs[i], rs[i]),
-        "sum(1)": lambda i: xs[i].sum(1),
+        "add": lambda x, r: lambda: x + x,
+        "mm": lambda x, r: lambda: torch.mm(x, r),
+        "sum(1)": lambda x, r: lambda: x.sum(1),
     }
-    fn = fns[op]
-    t0 = time.perf_counter()
-    for i in range(n):
-        fn(i)
-    return (time.perf_counter() - t0) / n * 1e6
+    return [fns[op](x, r) for x, r in zip(xs, rs, strict=True)]
+
+
+def _first_seen(
+    calls: dict[str, list[Callable[[], object]]], blocks: int = 10
+) -> dict[str, float]:
+    """Median µs per first-seen call: blocks of new-shape calls, interleaved."""
+    per = min(len(c) for c in calls.values()) // blocks
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for b in range(blocks):
+        for name in names[b % len(names):] + names[: b % len(names)]:
+            chunk = calls[name][b * per : (b + 1) * per]
+            t0 = time.perf_counter()
+            for fn in chunk:
+                fn()
+            times[name].append((time.perf_counter() - t0) / per * 1e6)
+    return {name: _STAT[0](t) for name, t in times.items()}
+
+
+class _Bare(torch.Tensor):
+    """The floor: a wrapper subclass whose ``__torch_dispatch__`` only unwraps,
+    calls the op and wraps the result (no layouts, no caches, no checks)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def wrap(t: torch.Tensor) -> torch.Tensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            _Bare, t.shape, t.stride(), None, None, t.dtype, t.layout, t.device, False, False
+        )
+        r._t = t
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func._op(*[a._t if type(a) is _Bare else a for a in args], **(kwargs or {}))
+        return _Bare.wrap(out) if isinstance(out, torch.Tensor) else out
+
+
+def _stat_name() -> str:
+    return "min-of-rounds" if _STAT[0] is min else "median"
+
+
+def _machine() -> str:
+    import platform
+
+    return (
+        f"{platform.node()}, {os.cpu_count()} CPUs, {platform.machine()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def overhead_table(number: int) -> None:
@@ -145,57 +226,176 @@ def overhead_table(number: int) -> None:
     meshes = {name: impl.DeviceMesh("cpu", [0, 1]) for name, impl in impls.items()}
     cases = {name: _cases(impl, meshes[name]) for name, impl in impls.items()}
     a = torch.randn(4, 4)
-    print(f"# Cached path, 4x4 fp32, fake 2-rank group, median µs ({time.strftime('%Y-%m-%d')})")
-    print("| op | ours µs | torch µs | plain µs | ours/torch | ours/plain | ours instr | torch instr |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    bare = _Bare.wrap(a)
+    print(
+        f"# Cached path, 4x4 fp32, fake 2-rank group, {_stat_name()} µs "
+        f"({time.strftime('%Y-%m-%d')}, {_machine()})"
+    )
+    print("floor = a bare Python wrapper subclass (unwrap, call, wrap) doing the same op")
+    print()
+    print(
+        "| op | ours µs | torch µs | plain µs | floor µs | ours/torch | ours/plain "
+        "| ours/floor | ours instr | torch instr |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for op in cases["ours"]:
         n = number // 10 if op == "mlp fwd+bwd" else number
-        ours = _timeit(cases["ours"][op], n)
-        theirs = _timeit(cases["torch"][op], n)
-        plain = _timeit(_PLAIN[op](a), number) if op in _PLAIN else float("nan")
+        fns = {"ours": cases["ours"][op], "torch": cases["torch"][op]}
+        if op in _PLAIN:
+            fns["plain"] = _PLAIN[op](a)
+            fns["floor"] = _PLAIN[op](bare)
+        t = _timeit_side_by_side(fns, n)
+        ours, theirs = t["ours"], t["torch"]
+        plain, floor = t.get("plain", float("nan")), t.get("floor", float("nan"))
         io = _instructions(cases["ours"][op])
         it = _instructions(cases["torch"][op])
         fmt = lambda v: "n/a" if v is None else f"{v / 1e3:.0f}k"  # noqa: E731
         print(
-            f"| {op} | {ours:.2f} | {theirs:.2f} | {plain:.2f} | {ours / theirs:.2f} | "
-            f"{ours / plain:.1f} | {fmt(io)} | {fmt(it)} |"
+            f"| {op} | {ours:.2f} | {theirs:.2f} | {plain:.2f} | {floor:.2f} | "
+            f"{ours / theirs:.2f} | {ours / plain:.1f} | {ours / floor:.2f} | "
+            f"{fmt(io)} | {fmt(it)} |"
         )
     print()
-    print("# First-seen shapes (every call a new shape), µs per call")
+    print(f"# First-seen shapes (every call a new shape), {_stat_name()} µs per call")
     print("| op | ours µs | torch µs | ours/torch |")
     print("|---|---:|---:|---:|")
     for op in ("add", "mm", "sum(1)"):
-        ours = _first_seen(impls["ours"], meshes["ours"], op, 100)
-        theirs = _first_seen(impls["torch"], meshes["torch"], op, 100)
-        print(f"| {op} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.3f} |")
+        t = _first_seen(
+            {name: _first_seen_cases(impl, meshes[name], op, 200) for name, impl in impls.items()}
+        )
+        print(f"| {op} | {t['ours']:.0f} | {t['torch']:.0f} | {t['ours'] / t['torch']:.3f} |")
     dist.destroy_process_group()
 
 
-def comm_worker(number: int) -> None:
-    """Under torchrun (2 ranks): redistribute vs the bare collective on 4 MiB."""
+class _NoFastPath(dict):
+    """Stands in for ``dtensor.dispatch._fast``: every call takes the general path."""
+
+    def get(self, key, default=None):
+        return default
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def ablation(number: int) -> None:
+    """What each optimisation buys: our path with one of them switched off."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import dtensor as ours
+    from dtensor import dispatch
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    mesh = ours.DeviceMesh("cpu", [0, 1])
+    cases = _cases(ours, mesh)
+    binding, fast, remember = dispatch._binding, dispatch._fast, dispatch._remember
+
+    def no_bindings(func, args, kwargs):
+        return func._op
+
+    def no_remember(*args):
+        pass
+
+    # (fast-entry table, binding chooser, fast-entry maker) per variant: entries
+    # made under one variant must not serve another.
+    variants = {
+        "all on": ({}, binding, remember),
+        "no bindings (torch.ops call)": ({}, no_bindings, remember),
+        "no fast path (propagation cache)": (_NoFastPath(), binding, no_remember),
+    }
+    ops = ["detach", "add", "mm S0xR", "sum(1)", "view", "transpose", "mlp fwd+bwd"]
+    print(
+        f"# Ablation, cached path, {_stat_name()} µs "
+        f"({time.strftime('%Y-%m-%d')}, {_machine()})"
+    )
+    print("| op | " + " | ".join(variants) + " |")
+    print("|---|" + "---:|" * len(variants))
+    for op in ops:
+        n = number // 10 if op == "mlp fwd+bwd" else number
+        fns = {}
+        for name, variant in variants.items():
+            def run(variant=variant, fn=cases[op]):
+                dispatch._fast, dispatch._binding, dispatch._remember = variant
+                try:
+                    return fn()
+                finally:
+                    dispatch._fast, dispatch._binding, dispatch._remember = (
+                        fast, binding, remember
+                    )
+
+            fns[name] = run
+        t = _timeit_side_by_side(fns, n)
+        print(f"| {op} | " + " | ".join(f"{t[v]:.2f}" for v in variants) + " |")
+    print()
+    print(f"# Ablation, first-seen shapes, {_stat_name()} µs per call")
+    print("| op | shape math | meta tensors |")
+    print("|---|---:|---:|")
+    for op in ("add", "mm", "sum(1)"):
+        math_calls = _first_seen_cases(ours, mesh, op, 100)
+        meta_calls = [
+            lambda fn=fn: _without_shape_math(dispatch, fn)
+            for fn in _first_seen_cases(ours, mesh, op, 100, start=100)  # other shapes
+        ]
+        t = _first_seen({"math": math_calls, "meta": meta_calls})
+        print(f"| {op} | {t['math']:.0f} | {t['meta']:.0f} |")
+    dist.destroy_process_group()
+
+
+def _without_shape_math(dispatch, fn):
+    saved = dispatch._shape_metas
+    dispatch._shape_metas = lambda *a: None
+    try:
+        return fn()
+    finally:
+        dispatch._shape_metas = saved
+
+
+def comm_worker(rounds: int) -> None:
+    """Under torchrun (2 ranks): redistribute vs the bare collective on 4 MiB.
+
+    Both ranks time the same calls in the same order (each call is a
+    collective); rank 0 prints. Each round is one call of each (ours, torch's,
+    the bare collective) after a barrier, over ``rounds`` rounds: a 4 MiB
+    collective on a shared machine varies by tens of percent from call to
+    call, and neighbouring calls see the same conditions.
+    """
     dist.init_process_group("gloo")
     impls = _impls()
-    rank = dist.get_rank()
     rows = 1024 * 1024 // 4  # 4 MiB of fp32 in total, 2 MiB per shard
-    results = {}
+    shard = torch.randn(rows // 2, 4)
+    full = torch.randn(rows, 4)
+
+    # The bare collectives a user would write for the same *new* tensor: a
+    # redistribute returns a fresh tensor and leaves its input alone, so both
+    # pay one 4 MiB allocation (all-gather) or copy (all-reduce, in place).
+    def bare_gather():
+        out = torch.empty(rows, 4)
+        dist.all_gather_into_tensor(out, shard)
+        return out
+
+    s_to_r = {"bare": bare_gather}
+    p_to_r = {"bare": lambda: dist.all_reduce(full.clone())}
     for name, impl in impls.items():
         mesh = impl.DeviceMesh("cpu", [0, 1])
         x = impl.DTensor.from_local(torch.randn(rows // 2, 4), mesh, [impl.Shard(0)])
         p = impl.DTensor.from_local(torch.randn(rows, 4), mesh, [impl.Partial()])
-        results[(name, "S(0)->R")] = _timeit(lambda: x.redistribute(mesh, [impl.Replicate()]), number)
-        results[(name, "P->R")] = _timeit(lambda: p.redistribute(mesh, [impl.Replicate()]), number)
-    shard = torch.randn(rows // 2, 4)
-    out = torch.empty(rows, 4)
-    full = torch.randn(rows, 4)
-    results[("bare", "S(0)->R")] = _timeit(lambda: dist.all_gather_into_tensor(out, shard), number)
-    results[("bare", "P->R")] = _timeit(lambda: dist.all_reduce(full.clone()), number)
-    if rank == 0:
-        print("# Real Gloo, 2 ranks, 4 MiB, median µs per redistribute")
+        rep = [impl.Replicate()]
+        s_to_r[name] = lambda x=x, mesh=mesh, rep=rep: x.redistribute(mesh, rep)
+        p_to_r[name] = lambda p=p, mesh=mesh, rep=rep: p.redistribute(mesh, rep)
+    results = {
+        "S(0)->R": _timeit_side_by_side(s_to_r, 1, repeat=rounds, sync=dist.barrier),
+        "P->R": _timeit_side_by_side(p_to_r, 1, repeat=rounds, sync=dist.barrier),
+    }
+    if dist.get_rank() == 0:
+        print(
+            f"# Real Gloo, 2 ranks, 4 MiB, {_stat_name()} µs per redistribute "
+            f"({time.strftime('%Y-%m-%d')}, {_machine()})"
+        )
         print("| transition | ours | torch | bare c10d | ours/bare | ours/torch |")
         print("|---|---:|---:|---:|---:|---:|")
-        for t in ("S(0)->R", "P->R"):
-            o, th, b = results[("ours", t)], results[("torch", t)], results[("bare", t)]
+        for t, r in results.items():
+            o, th, b = r["ours"], r["torch"], r["bare"]
             print(f"| {t} | {o:.0f} | {th:.0f} | {b:.0f} | {o / b:.2f} | {o / th:.2f} |")
+    dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
 
 
@@ -209,6 +409,8 @@ def profile(op: str, number: int) -> None:
     import dtensor as ours
 
     fn = _cases(ours, ours.DeviceMesh("cpu", [0, 1]))[op]
+    for _ in range(max(10, number // 10)):  # warm up: caches filled before profiling
+        fn()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(number):
@@ -219,22 +421,47 @@ def profile(op: str, number: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--number", type=int, default=2000, help="calls per timing round")
+    ap.add_argument("--number", type=int, default=500, help="calls per timing round")
     ap.add_argument("--comm", action="store_true", help="real Gloo comparison (2 ranks)")
     ap.add_argument("--profile", metavar="OP", help="cProfile our path for one op")
+    ap.add_argument("--ablate", action="store_true", help="our path with each optimisation off")
+    ap.add_argument("--all", action="store_true", help="table, ablation and --comm in one go")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="statistic over timing rounds (min: for loaded machines)")
     ap.add_argument("--_comm-worker", dest="comm_worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    _STAT[0] = min if args.stat == "min" else statistics.median
+    passed = ["--number", str(args.number), "--stat", args.stat]
     if args.comm_worker:
-        comm_worker(max(5, args.number // 200))
+        comm_worker(max(15, args.number // 4))
     elif args.comm:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               "--master_port=0", __file__, "--_comm-worker", "--number", str(args.number)]
-        sys.exit(subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        sys.exit(_launch_comm(passed))
     elif args.profile:
         profile(args.profile, args.number)
+    elif args.ablate:
+        ablation(args.number)
+    elif args.all:
+        overhead_table(args.number)
+        print()
+        # A fresh process: the table's fake process group is gone, and the
+        # ablation must start from empty caches.
+        rc = subprocess.call([sys.executable, __file__, "--ablate", *passed])
+        print()
+        sys.exit(rc or _launch_comm(passed))
     else:
         overhead_table(args.number)
+
+
+def _launch_comm(passed: list[str]) -> int:
+    # NOTE: --master_port=0 hangs in the workers' store rendezvous: pick a port.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={port}", __file__, "--_comm-worker", *passed]
+    sys.stdout.flush()
+    return subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 if __name__ == "__main__":

@@ -85,6 +85,11 @@ def _bias_want(bias, out_shape_ndim: int, out_shape, out):
     return tuple(want)
 
 
+def _broadcasts_to(shape, target) -> bool:
+    lead = len(target) - len(shape)
+    return lead >= 0 and all(n in (1, target[lead + i]) for i, n in enumerate(shape))
+
+
 def einsum_rule(spec: str, bias: bool = False):
     """Rule for a two-operand product ``'ab,bc->ac'``, optionally after a bias."""
     ins, lo = spec.split("->")
@@ -98,14 +103,19 @@ def einsum_rule(spec: str, bias: bool = False):
         if a.ndim != len(la) or b.ndim != len(lb):
             return None
         wa, wb, out = _choose(la, lb, lo, a, b)
-        if not bias:
-            return Sharding((wa, wb), (out,))
-        sizes = {**dict(zip(la, a.shape, strict=True)), **dict(zip(lb, b.shape, strict=True))}
+        sizes = dict(zip(la, a.shape, strict=True))
+        # Output shape only when the contracted sizes agree (else the meta run
+        # raises, and every rank replicates and fails alike).
+        fits = all(sizes.get(c, n) == n for c, n in zip(lb, b.shape, strict=True))
+        sizes.update(zip(lb, b.shape, strict=True))
         out_shape = tuple(sizes[c] for c in lo)
+        if not bias:
+            return Sharding((wa, wb), (out,), shapes=(out_shape,) if fits else None)
         if len(out_shape) < specs[0].ndim:
             return None
+        fits = fits and _broadcasts_to(specs[0].shape, out_shape)
         wbias = _bias_want(specs[0], len(out_shape), out_shape, out)
-        return Sharding((wbias, wa, wb), (out,))
+        return Sharding((wbias, wa, wb), (out,), shapes=(out_shape,) if fits else None)
 
     return rule
 

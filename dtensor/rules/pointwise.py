@@ -119,13 +119,14 @@ def pointwise_rule(call):
         inputs.append(tuple(want))
     if inplace and (inputs[0] != specs[0].placements or tuple(out) != specs[0].placements):
         return None  # self would need a new layout: compute replicated, write back
-    return _Sharding(tuple(inputs), (tuple(out),) * len(func._schema.returns))
+    n = len(func._schema.returns)
+    return _Sharding(tuple(inputs), (tuple(out),) * n, (shape,) * n)
 
 
-def _Sharding(inputs, outputs):
+def _Sharding(inputs, outputs, shapes):
     from dtensor.dispatch import Sharding
 
-    return Sharding(inputs, outputs)
+    return Sharding(inputs, outputs, shapes=shapes)
 
 
 RULES: dict = {}

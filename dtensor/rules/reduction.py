@@ -69,12 +69,17 @@ def _reduction(kind: str, call):
         else:
             want.append(Replicate())
             out.append(Replicate())
-    outs = (tuple(out),) * returns(call.func)
+    n = returns(call.func)
+    shape = tuple(
+        1 if d in dims else size
+        for d, size in enumerate(spec.shape)
+        if keepdim or d not in dims
+    )
     local = None
     if kind == "mean" and partial_sum:
         count = math.prod(spec.shape[d] for d in dims) if ndim else 1
         local = _mean_as_sum(count)
-    return Sharding((tuple(want),), outs, local=local)
+    return Sharding((tuple(want),), (tuple(out),) * n, local=local, shapes=(shape,) * n)
 
 
 def _mean_as_sum(count: int):

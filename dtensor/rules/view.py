@@ -49,8 +49,19 @@ def _map_dims(spec, dim_map, *, partial_ok: bool = True):
     return tuple(want), tuple(out)
 
 
+# (spec, coordinate) -> local block shape: views run on every cached call.
+_block_shapes: dict = {}
+
+
 def _block_shape(out_spec, coord):
-    return list(local_block(out_spec.shape, out_spec.mesh.shape, out_spec.placements, coord)[0])
+    key = (out_spec, coord)
+    shape = _block_shapes.get(key)
+    if shape is None:
+        shape = local_block(out_spec.shape, out_spec.mesh.shape, out_spec.placements, coord)[0]
+        if len(_block_shapes) >= 4096:
+            _block_shapes.clear()
+        _block_shapes[key] = shape
+    return shape
 
 
 # view / _unsafe_view -------------------------------------------------------------
@@ -110,6 +121,10 @@ def view_rule(call):
         if known == 0:
             return None
         size[size.index(-1)] = total // known
+    if tuple(size) == spec.shape:
+        # The identity view (``x.view_as(x)``): every element stays put, so
+        # every layout carries over, Partial(max/min) included.
+        return Sharding((None,), (spec.placements,), local=_view_local)
     groups = view_groups(spec.shape, tuple(size))
     if groups is None:
         if all(isinstance(p, Replicate) or _linear_partial(p) for p in spec.placements):

@@ -1,0 +1,246 @@
+"""Covers: dtensor/dispatch.py fast path and shape math (one process, no
+process group: only ops that need no communication).
+
+The fast path must give exactly what the general path gives: the same
+output specs (the input's spec object for detach/alias/same-shape views),
+result dtypes that follow the argument *types* (``x ** 2`` vs ``x ** 2.0``),
+in-place ops that hand back self, and views with this rank's block sizes.
+Rule-provided output shapes (pure shape math) must equal what the op gives
+on meta tensors of the global shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard
+from dtensor import dispatch as D
+from dtensor.rules import rule_for_tags
+from dtensor.spec import DTensorSpec, TensorMeta
+
+aten = torch.ops.aten
+
+
+def _world() -> list[int]:
+    """Every rank of the world: under `torchrun -m pytest` each rank runs these
+    tests too, and must be a member (two ranks when there is no group)."""
+    n = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return list(range(max(2, n)))
+
+
+MESH = DeviceMesh("cpu", _world())
+COORD = MESH.get_coordinate()
+
+
+def dt(local: torch.Tensor, *placements) -> DTensor:
+    return DTensor.from_local(local, MESH, placements or (Replicate(),))
+
+
+def test_metadata_ops_hand_over_the_input_spec_object_on_every_call() -> None:
+    x = dt(torch.arange(8.0).reshape(2, 4), Shard(0))
+    twin = dt(torch.arange(8.0).reshape(2, 4), Shard(0))  # equal spec, other object
+    assert twin._spec == x._spec and twin._spec is not x._spec
+    for _ in range(3):  # the first call fills the caches, the others hit them
+        for y in (x, twin):
+            outs = (y.detach(), aten.alias.default(y), y.view_as(y), y.view(y.shape))
+            assert all(o._spec is y._spec for o in outs), [str(o._spec) for o in outs]
+            assert all(o.to_local().data_ptr() == y.to_local().data_ptr() for o in outs)
+
+
+def test_identity_views_keep_every_layout_without_communication() -> None:
+    # Partial(max) survives view_as/view to the same shape (no group here:
+    # a reduction would fail), and the output is the input's spec object.
+    for p in (Partial("max"), Partial("min"), Partial(), Shard(1), Replicate()):
+        x = dt(torch.arange(6.0).reshape(2, 3), p)
+        for _ in range(2):
+            for y in (x.view_as(x), x.view(x.shape), x.reshape(x.shape)):
+                assert y._spec is x._spec, (p, str(y._spec))
+
+
+def test_detach_shares_the_version_counter_so_autograd_sees_inplace_writes() -> None:
+    for _ in range(2):
+        x = dt(torch.randn(2, 4)).requires_grad_(True)
+        y = x.sin()  # saves x for backward
+        x.detach().mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.to_local().sum().backward()
+
+
+def test_scalar_argument_types_are_part_of_the_cache_key() -> None:
+    x = dt(torch.arange(4), Shard(0))
+    for _ in range(2):
+        for exponent, dtype in ((2, torch.int64), (2.0, torch.float32), (True, torch.int64)):
+            y = x**exponent
+            assert y.dtype == y.to_local().dtype == dtype, (exponent, y.dtype)
+
+
+def test_float_scalars_share_one_fast_entry_and_use_the_current_value() -> None:
+    x = dt(torch.ones(2, 3), Shard(0))
+    x * 0.5
+    before = len(D._fast)
+    for scale in (0.25, 3.0, -1.5):
+        y = x * scale
+        assert float(y.to_local()[0, 0]) == scale and y.placements == (Shard(0),)
+    assert len(D._fast) == before
+    xi = dt(torch.ones(2, dtype=torch.int64), Shard(0))
+    assert (xi * 2).dtype == torch.int64 and (xi * 2.5).dtype == torch.float32
+
+
+def test_fast_path_results_match_the_general_path() -> None:
+    a = dt(torch.randn(4, 3), Shard(1))  # global 4 x 3n
+    b = dt(torch.randn(4, 3))
+    ops = {
+        "add": lambda: a + a,
+        "mul scalar": lambda: a * 0.5,
+        "mm": lambda: torch.mm(a.transpose(0, 1), b),
+        "sum": lambda: a.sum(0),
+        "view": lambda: a.view(2, 2, a.shape[1]),
+        "split": lambda: a.split(2),
+        "max.dim": lambda: a.max(0),
+        "t": lambda: a.t(),
+    }
+    for name, fn in ops.items():
+        D._fast.clear()
+        first = fn()  # the general path, which makes fast entries
+        assert D._fast, f"{name}: no fast entry"
+        second = fn()
+        for f, s in zip(_leaves(first), _leaves(second), strict=True):
+            assert type(f) is type(s) is DTensor, name
+            assert f._spec == s._spec, (name, str(f._spec), str(s._spec))
+            assert f.shape == s.shape and f.stride() == s.stride() and f.dtype == s.dtype
+            torch.testing.assert_close(f.to_local(), s.to_local(), rtol=0, atol=0)
+            assert f.to_local().shape == f._spec.local_block(COORD)[0], name
+
+
+def test_inplace_fast_path_returns_self_and_keeps_its_spec() -> None:
+    x = dt(torch.zeros(2, 4), Shard(0))
+    spec = x._spec
+    for i in range(1, 4):
+        assert x.add_(1) is x
+        assert x._spec is spec and float(x.to_local()[0, 0]) == i
+
+
+def test_linear_ops_on_partials_stay_partial_on_the_fast_path() -> None:
+    D._fast.clear()
+    p = dt(torch.ones(2), Partial())
+    q = p * 3.0  # linear: stays partial, no communication
+    assert q.placements == (Partial(),)
+    assert (p * 3.0).placements == (Partial(),)
+    assert any(k[0] is aten.mul.Tensor._op for k in D._fast)
+
+
+def test_bindings_stand_in_only_where_they_call_the_same_overload() -> None:
+    t = torch.ones(2, 3)
+    assert D._binding(aten.add.Tensor, (t, t), {}) is torch._C._VariableFunctions.add
+    # torch.add(t, 2) resolves to add.Tensor (a wrapped number), not add.Scalar.
+    assert D._binding(aten.add.Scalar, (t, 2), {}) is aten.add.Scalar._op
+    assert D._binding(aten.add_.Tensor, (t, t), {}) is torch._C.TensorBase.add_
+    # A tensor that is not a plain torch.Tensor is never probed.
+    assert D._binding(aten.neg.default, (torch.nn.Parameter(t),), {}) is aten.neg.default._op
+
+
+def _leaves(x):
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+# Shape math -----------------------------------------------------------------
+def _spec(t: torch.Tensor) -> DTensorSpec:
+    return DTensorSpec(MESH, (Replicate(),), TensorMeta(t.shape, t.stride(), t.dtype))
+
+
+def _both(func, *args, **kwargs):
+    """(metas from the rule's shapes, metas from meta tensors) for one call."""
+    operands, key_args = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            operands.append(a)
+            key_args.append(_spec(a))
+        else:
+            key_args.append(tuple(a) if isinstance(a, list) else a)
+    specs = tuple(_spec(o) for o in operands)
+    sharding = rule_for_tags(func)(D.OpCall(func, specs, tuple(key_args), kwargs))
+    assert sharding is not None and sharding.shapes is not None, func
+    fast = D._shape_metas(
+        func, sharding.shapes, args, kwargs, specs, operands, tuple(key_args),
+        tuple(kwargs.items()),
+    )
+    slow = D._infer_meta(func, args, kwargs, specs, operands)
+    return fast, slow
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.ones(shape, dtype=dtype)
+
+
+SHAPE_CASES = [
+    (aten.add.Tensor, (_t(4, 3), _t(3)), {}),
+    (aten.add.Tensor, (_t(4, 1), _t(1, 5)), {"alpha": 2}),
+    (aten.mul.Tensor, (_t(2, 3, dtype=torch.int64), _t(2, 3)), {}),
+    (aten.mul.Tensor, (_t(2, 3, dtype=torch.float16), torch.tensor(2.0)), {}),
+    (aten.div.Tensor, (_t(5, dtype=torch.int32), _t(5, dtype=torch.int32)), {}),
+    (aten.eq.Tensor, (_t(3, 3), _t(3)), {}),
+    (aten.where.self, (_t(3, 1, dtype=torch.bool), _t(3, 4), _t(4)), {}),
+    (aten.sigmoid.default, (_t(2, 2, dtype=torch.int64),), {}),
+    (aten.pow.Tensor_Scalar, (_t(3, dtype=torch.int64), 2), {}),
+    (aten.pow.Tensor_Scalar, (_t(3, dtype=torch.int64), 2.0), {}),
+    (aten.clamp.default, (_t(3, 2), 0.0), {}),
+    (aten.frexp.Tensor, (_t(3, 2),), {}),
+    (aten.sum.dim_IntList, (_t(4, 5), [1]), {}),
+    (aten.sum.dim_IntList, (_t(4, 5, 6), [0, 2], True), {}),
+    (aten.sum.dim_IntList, (_t(4, 5), []), {}),
+    (aten.sum.dim_IntList, (_t(4, 5, dtype=torch.int32), [-1]), {}),
+    (aten.sum.default, (_t(4, 5, dtype=torch.bool),), {}),
+    (aten.sum.dim_IntList, (_t(4, 5), [1]), {"dtype": torch.float64}),
+    (aten.sum.default, (torch.tensor(3.0),), {}),
+    (aten.mean.dim, (_t(4, 5), [0], True), {}),
+    (aten.amax.default, (_t(4, 5), [1]), {}),
+    (aten.max.dim, (_t(4, 5), 0), {}),
+    (aten.argmax.default, (_t(4, 5),), {}),
+    (aten.argmax.default, (_t(4, 5), 1, True), {}),
+    (aten.argmax.default, (_t(4, 5), None, True), {}),
+    (aten.aminmax.default, (_t(4, 5),), {"keepdim": True}),
+    (aten.count_nonzero.dim_IntList, (_t(4, 5), []), {}),
+    (aten.any.dims, (_t(4, 5, dtype=torch.bool), None, True), {}),
+    (aten.var.correction, (_t(4, 5), [1]), {"correction": 1}),
+    (aten.std_mean.correction, (_t(4, 5), [0]), {"keepdim": True}),
+    (aten.any.dims, (_t(4, 5, dtype=torch.bool), [1]), {}),
+    (aten.count_nonzero.dim_IntList, (_t(4, 5), [1]), {}),
+    (aten.logsumexp.default, (_t(4, 5), [1]), {}),
+    (aten.linalg_vector_norm.default, (_t(4, 5), 2, [0]), {}),
+    (aten.prod.dim_int, (_t(4, 5), 1, True), {}),
+    (aten.nansum.default, (_t(4, 5), [0]), {}),
+    (aten.mm.default, (_t(4, 5), _t(5, 3)), {}),
+    (aten.bmm.default, (_t(2, 4, 5), _t(2, 5, 3)), {}),
+    (aten.mv.default, (_t(4, 5), _t(5)), {}),
+    (aten.dot.default, (_t(5), _t(5)), {}),
+    (aten.addmm.default, (_t(3), _t(4, 5), _t(5, 3)), {}),
+    (aten.addmm.default, (_t(4, 3), _t(4, 5), _t(5, 3)), {}),
+    (aten.addmm.default, (_t(1, 3), _t(4, 5), _t(5, 3)), {"beta": 0.5}),
+]
+
+
+@pytest.mark.parametrize(("func", "args", "kwargs"), SHAPE_CASES, ids=lambda v: str(v)[:40])
+def test_rule_shapes_give_the_meta_tensor_metadata(func, args, kwargs) -> None:
+    fast, slow = _both(func, *args, **kwargs)
+    assert fast is not None, "the shape-math path did not apply"
+    assert fast == slow
+
+
+@pytest.mark.parametrize(
+    ("func", "args"),
+    [
+        (aten.mm.default, (_t(4, 5), _t(6, 3))),  # contracted sizes differ
+        (aten.addmm.default, (_t(2, 3), _t(4, 5), _t(5, 3))),  # bias does not broadcast
+        (aten.add.Tensor, (_t(4, 3).t(), _t(3, 4))),  # non-contiguous operand
+        (aten.add.Tensor, (_t(0, 3), _t(3))),  # empty
+    ],
+)
+def test_shape_math_steps_aside_where_it_could_be_wrong(func, args) -> None:
+    operands = list(args)
+    specs = tuple(_spec(o) for o in operands)
+    sharding = rule_for_tags(func)(D.OpCall(func, specs, specs, {}))
+    if sharding is None or sharding.shapes is None:
+        return
+    assert D._shape_metas(func, sharding.shapes, args, {}, specs, operands, specs, ()) is None
