@@ -20,6 +20,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from .errors import ShardingError
 
 __all__ = [
     "all_gather",
@@ -33,6 +36,8 @@ __all__ = [
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated); 2.11 lacks the new name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_tracing = torch.compiler.is_compiling
 
 _groups: dict[tuple, object] = {}
 _groups_lock = threading.Lock()
@@ -124,11 +129,48 @@ def _create_group(ranks: tuple[int, ...]):
 
 
 # Collectives --------------------------------------------------------------
-def _wire(t: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
-    # Gloo reduces neither bool nor complex: send bytes / real views.
-    if t.dtype == torch.bool:
-        return t.to(torch.uint8), torch.bool
-    return t.contiguous(), None
+# Dtypes Gloo rejects ("Invalid scalar type"), mapped to a carrier it takes:
+# (carrier for moving data, carrier for reducing it). A carrier of the same
+# size is a bit view (exact for any value); a wider one is an exact cast.
+_CARRIERS: dict[torch.dtype, tuple[torch.dtype, torch.dtype | None]] = {
+    torch.bool: (torch.uint8, torch.uint8),
+    torch.int16: (torch.int32, torch.int32),
+    torch.uint16: (torch.int32, torch.int32),
+    torch.uint32: (torch.int64, torch.int64),
+    # Two's complement: an int64 sum has the uint64 sum's bits; max/min do not.
+    torch.uint64: (torch.int64, torch.int64),
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _CARRIERS[getattr(torch, _name)] = (torch.uint8, torch.float32)
+
+
+def _wire(t: torch.Tensor, reduce_op: str | None = None):
+    """``t`` in a dtype the backend accepts, and the dtype to restore (or None)."""
+    carriers = _CARRIERS.get(t.dtype)
+    if carriers is None:
+        return t.contiguous(), None
+    carrier = carriers[0] if reduce_op is None else carriers[1]
+    if carrier is None or (t.dtype == torch.uint64 and reduce_op not in (None, "sum")):
+        raise ShardingError(
+            f"all_reduce({reduce_op}) of {t.dtype} is not supported by the backend; "
+            "cast to int64 or a float dtype first"
+        )
+    return _to_carrier(t.contiguous(), carrier), t.dtype
+
+
+def _to_carrier(t: torch.Tensor, carrier: torch.dtype) -> torch.Tensor:
+    if t.dtype == torch.bool or t.element_size() != carrier.itemsize:
+        return t.to(carrier)
+    return t.view(carrier)
+
+
+def _restore(buf: torch.Tensor, back: torch.dtype | None) -> torch.Tensor:
+    if back is None:
+        return buf
+    if back == torch.bool or buf.element_size() != back.itemsize:
+        return buf.to(back)
+    return buf.view(back)
 
 
 def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
@@ -136,9 +178,20 @@ def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
     if t.numel() == 0:
         return t.clone()
     count("all_reduce")
-    buf, back = _wire(t)
-    buf = buf.clone() if buf is t else buf
-    if buf.is_complex():
+    buf, back = _wire(t, op)
+    if not _tracing() and buf.data_ptr() == t.data_ptr():
+        buf = buf.clone()  # reduced in place (traced collectives are functional)
+    if _tracing():
+        # NOTE: under torch.compile, collectives must be functional ops (the
+        # traced graph holds them); "avg" is summed, as Gloo has no AVG.
+        wire_op = "sum" if op == "avg" else op
+        if buf.is_complex():
+            buf = torch.view_as_complex(
+                funcol.all_reduce(torch.view_as_real(buf), wire_op, group)
+            )
+        else:
+            buf = funcol.all_reduce(buf, wire_op, group)
+    elif buf.is_complex():
         view = torch.view_as_real(buf)
         dist.all_reduce(view, op=_REDUCE[op], group=group)
     else:
@@ -146,7 +199,7 @@ def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
     if op == "avg":
         n = dist.get_world_size(group)
         buf = buf / n if buf.is_floating_point() or buf.is_complex() else buf // n
-    return buf.to(back) if back is not None else buf
+    return _restore(buf, back)
 
 
 def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -160,13 +213,15 @@ def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     if buf.is_complex():
         buf = torch.view_as_real(buf)
     flat = buf.reshape(-1)
-    out = torch.empty(n * flat.numel(), dtype=flat.dtype, device=flat.device)
-    _all_gather_single(out, flat, group=group)
+    if _tracing():
+        out = _funcol_gather(flat, 0, group)
+    else:
+        out = torch.empty(n * flat.numel(), dtype=flat.dtype, device=flat.device)
+        _all_gather_single(out, flat, group=group)
     out = out.view(n, *buf.shape)
     if t.is_complex():
         out = torch.view_as_complex(out)
-    if back is not None:
-        out = out.to(back)
+    out = _restore(out, back)
     assert out.shape[1:] == shape
     return list(out.unbind(0))
 
@@ -174,10 +229,12 @@ def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
 def all_gather_cat(t: torch.Tensor, group) -> torch.Tensor:
     """All ranks' ``t`` concatenated along dim 0 (same shape on every rank)."""
     n = dist.get_world_size(group)
-    if t.numel() == 0 or t.dtype == torch.bool or t.is_complex():
+    if t.numel() == 0 or t.dtype in _CARRIERS or t.is_complex():
         return torch.cat(all_gather(t, group), dim=0)
     count("all_gather")
     t = t.contiguous()
+    if _tracing():
+        return _funcol_gather(t, 0, group)
     out = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     _all_gather_single(out, t, group=group)
     return out
@@ -187,7 +244,12 @@ def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:
     """``t`` from group rank ``src_group_rank`` to all; returns the received tensor."""
     count("broadcast")
     buf, back = _wire(t)
-    buf = buf.clone() if buf is t else buf
+    if not _tracing() and buf.data_ptr() == t.data_ptr():
+        buf = buf.clone()  # reduced in place (traced collectives are functional)
     target = torch.view_as_real(buf) if buf.is_complex() else buf
+    if _tracing():
+        out = funcol.broadcast(target, src_group_rank, group)
+        buf = torch.view_as_complex(out) if buf.is_complex() else out
+        return _restore(buf, back)
     dist.broadcast(target, group_src=src_group_rank, group=group)
-    return buf.to(back) if back is not None else buf
+    return _restore(buf, back)

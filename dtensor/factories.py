@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dtensor import _compile
 from dtensor.mesh import DeviceMesh
 from dtensor.placement import Partial, Placement, Replicate
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
@@ -125,3 +126,8 @@ def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None,
         requires_grad=requires_grad, what="full",
     )
     return _fix_partial(out, fill_value)
+
+
+# torch.compile records these as calls in its graph (layouts are constants);
+# the random factories still run eagerly through a graph break.
+_compile.trace_as_calls(zeros, ones, empty, full)

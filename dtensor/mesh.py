@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -60,6 +61,7 @@ class DeviceMesh:
     """
 
     __slots__ = (
+        "__weakref__",  # torch.compile keys tables of graph inputs by weakref
         "_coordinate",
         "_groups",
         "_hash",
@@ -70,6 +72,9 @@ class DeviceMesh:
         "device_type",
         "mesh",
         "mesh_dim_names",
+        "ndim",
+        "ranks",
+        "shape",
     )
 
     def __init__(
@@ -121,6 +126,11 @@ class DeviceMesh:
         self.mesh_dim_names = mesh_dim_names
         self._shape = tuple(grid.shape)
         self._ranks = ranks
+        # Plain attributes rather than properties: compiled code reads meshes as
+        # torch.compile constants, whose properties Dynamo 2.13 cannot read.
+        self.shape: tuple[int, ...] = self._shape
+        self.ndim: int = len(self._shape)
+        self.ranks: tuple[int, ...] = ranks  # global ranks, row-major
         self._rank = _comm.get_rank()
         self._hash = hash((device_type, self._shape, ranks, mesh_dim_names))
         if self._rank in ranks:
@@ -142,19 +152,6 @@ class DeviceMesh:
             )
 
     # Geometry ---------------------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        """The mesh's global ranks in row-major order."""
-        return self._ranks
-
     def size(self, mesh_dim: int | str | None = None) -> int:
         """Number of ranks in the mesh, or along one axis."""
         if mesh_dim is None:
@@ -292,6 +289,34 @@ class DeviceMesh:
             and self.mesh_dim_names == other.mesh_dim_names
         )
 
+    def __setattr__(self, name: str, value) -> None:
+        # Specs hold meshes and are aliased freely, so a mesh's public
+        # geometry must never change once built (private caches may fill in).
+        if not name.startswith("_") and hasattr(self, "_hash"):
+            raise dataclasses.FrozenInstanceError(
+                f"DeviceMesh is immutable: cannot assign {name!r}; build a new mesh"
+            )
+        object.__setattr__(self, name, value)
+
+    # A mesh owns process groups, which cannot be copied; copies are the mesh
+    # itself (torch.compile deep-copies a DTensor's spec to guard on it).
+    def __copy__(self) -> DeviceMesh:
+        return self
+
+    def __deepcopy__(self, memo) -> DeviceMesh:
+        return self
+
+    def __reduce__(self):
+        # Pickles as its ranks; loading rebuilds it (and its process groups)
+        # in the loading process, which must be in the same world.
+        return _unpickle_mesh, (self.device_type, self._ranks, self._shape, self.mesh_dim_names)
+
+    def __fx_repr__(self) -> tuple[str, dict]:
+        """This mesh as an expression in code torch.compile generates."""
+        from dtensor._compile import mesh_fx_repr
+
+        return mesh_fx_repr(self)
+
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         return f"DeviceMesh({self.device_type!r}, {self.mesh.tolist()}{names})"
@@ -300,6 +325,11 @@ class DeviceMesh:
         names = self.mesh_dim_names or tuple(f"a{i}" for i in range(self.ndim))
         dims = ",".join(f"{n}={s}" for n, s in zip(names, self._shape, strict=True))
         return f"{self.device_type}<{dims}>"
+
+
+def _unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
+    grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
+    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
 
 
 def _ensure_world(device_type: str) -> None:

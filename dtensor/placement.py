@@ -27,7 +27,8 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 class Placement:
     """Base of the three placement kinds; use the subclasses."""
 
-    __slots__ = ()
+    # Weak-referenceable: torch.compile keys tables of graph inputs by weakref.
+    __slots__ = ("__weakref__",)
     kind: ClassVar[str] = ""
 
     def is_shard(self, dim: int | None = None) -> bool:
@@ -38,6 +39,12 @@ class Placement:
 
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return False
+
+    def __fx_repr__(self) -> tuple[str, dict]:
+        """This placement as an expression in code torch.compile generates."""
+        cls = type(self)
+        name = f"dtensor_{cls.__name__}"
+        return name + repr(self).removeprefix(cls.__name__), {name: cls}
 
 
 @dataclass(frozen=True, slots=True)

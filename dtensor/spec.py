@@ -182,6 +182,11 @@ class DTensorSpec:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        # NOTE: the cached hash is only valid in this process (str and dtype
+        # hashes differ between processes), so a loaded spec recomputes it.
+        return DTensorSpec, (self.mesh, self.placements, self.tensor_meta)
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True

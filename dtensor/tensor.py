@@ -8,11 +8,12 @@ are autograd functions, so gradients flow between local and distributed code.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
 
-from dtensor import _comm
+from dtensor import _comm, _compile
 from dtensor.errors import MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
 from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
@@ -20,9 +21,6 @@ from dtensor.redistribute import execute, plan
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, local_block
 
 __all__ = ["DTensor", "distribute_tensor"]
-
-
-_dispatch_mode_active = torch._C._len_torch_dispatch_stack
 
 
 class _Hooks:
@@ -41,6 +39,13 @@ _hooks = _Hooks()
 
 def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
     if mesh is None:
+        if _compile.tracing():
+            # NOTE: a compiled program would keep the mesh current at compile
+            # time without a guard on it.
+            raise MeshError(
+                f"{what}: under torch.compile pass device_mesh=... explicitly "
+                "(the current mesh of `with mesh:` is not tracked by compiled code)"
+            )
         mesh = current_mesh()
         if mesh is None:
             raise MeshError(
@@ -112,23 +117,11 @@ class DTensor(torch.Tensor):
             f"device_mesh={self._spec.mesh!r}, placements={self._spec.placements})"
         )
 
-    # Metadata-only methods bypass the dispatcher: their output reuses this
-    # DTensor's spec object, which is safe because specs are immutable. Under
-    # an active dispatch mode (fake tensors, tracing) they take the normal path.
-    def detach(self) -> DTensor:
-        if _dispatch_mode_active():
-            return super().detach()
-        return DTensor(self._local_tensor.detach(), self._spec)
-
-    def view_as(self, other: torch.Tensor) -> torch.Tensor:
-        if (
-            not self.requires_grad
-            and isinstance(other, DTensor)
-            and other._spec.tensor_meta.shape == self._spec.tensor_meta.shape
-            and not _dispatch_mode_active()
-        ):
-            return DTensor(self._local_tensor.view_as(self._local_tensor), self._spec)
-        return super().view_as(other)
+    # NOTE: detach/view_as/alias go through the dispatcher like every op (its
+    # fast path hands the output this DTensor's spec object). Overriding them
+    # here in Python was faster but made outputs autograd does not know as
+    # aliases: a fresh version counter, so an in-place write through
+    # `x.detach()` went unnoticed by a backward that had saved `x`.
 
     # torch.compile needs to take DTensors apart and rebuild them.
     def __tensor_flatten__(self):
@@ -143,12 +136,26 @@ class DTensor(torch.Tensor):
             spec = spec.with_meta(TensorMeta(outer_size, outer_stride, local.dtype))
         return DTensor(local, spec, requires_grad=requires_grad)
 
+    def _stable_hash_for_caching(self) -> str:
+        # torch.compile's autograd cache keys DTensor inputs by this string. A
+        # traced program depends on this rank's coordinate, hence the rank.
+        key = f"{self._spec!r}|{self.requires_grad}|rank={self._spec.mesh.get_rank()}"
+        return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+    def __coerce_same_metadata_as_tangent__(self, flatten_spec, expected_type=None):
+        # A compiled backward traced each gradient in one layout; move a
+        # gradient given in another layout (same mesh and shape) to it.
+        spec = flatten_spec[0]
+        if expected_type not in (None, DTensor) or (spec.mesh, spec.tensor_meta) != (
+            self._spec.mesh, self._spec.tensor_meta
+        ):
+            return None
+        return self.redistribute(spec.mesh, spec.placements)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        random_op = _hooks.random.get(func)
-        if random_op is not None:
-            return random_op(func, args, kwargs or {})
-        return _hooks.dispatch(func, args, kwargs or {})
+        # dispatch() handles random ops too (off its fast path).
+        return _hooks.dispatch(func, args, kwargs)
 
     # Ways in and out ------------------------------------------------------------
     @staticmethod
@@ -190,6 +197,11 @@ class DTensor(torch.Tensor):
         coord = mesh.get_coordinate()
         if coord is not None:
             expected, _ = spec.local_block(coord)
+            if run_check and _compile.tracing():
+                raise PlacementError(
+                    "from_local: run_check=True is not supported under torch.compile "
+                    "(it reads a collective's result on the host); check once eagerly"
+                )
             if run_check:
                 _run_check(local_tensor, spec)
             elif tuple(local_tensor.shape) != expected and len(shape) == local_tensor.ndim:
@@ -495,3 +507,10 @@ def distribute_tensor(
             out = _Distribute.apply(tensor.detach(), spec, src_data_rank)
         return out.requires_grad_(True)
     return _Distribute.apply(tensor, spec, src_data_rank)
+
+
+# torch.compile records these as calls in Dynamo's graph (see dtensor/_compile.py).
+_compile.trace_as_calls(
+    DTensor.from_local, DTensor.to_local, DTensor.redistribute, DTensor.full_tensor,
+    distribute_tensor,
+)

@@ -68,6 +68,14 @@ def test_specs_and_placements_cannot_be_mutated(n_ranks, world, impl, data):
             except (AttributeError, TypeError, dataclasses.FrozenInstanceError):
                 continue
             mutated.append(f"placement.{attr}")
+    mesh = x.device_mesh
+    for attr in ("shape", "ndim", "ranks", "device_type", "mesh_dim_names"):
+        if impl.name == "dtensor" and hasattr(mesh, attr):
+            try:
+                setattr(mesh, attr, getattr(mesh, attr))
+            except (AttributeError, TypeError, dataclasses.FrozenInstanceError):
+                continue
+            mutated.append(f"mesh.{attr}")
     try:
         x.placements[0] = impl.Replicate()
         mutated.append("placements[0]")

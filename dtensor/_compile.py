@@ -1,0 +1,229 @@
+"""torch.compile support: what Dynamo sees of meshes, placements and DTensors.
+
+A DTensor is a traceable wrapper subclass (``__tensor_flatten__`` /
+``__tensor_unflatten__`` in ``dtensor.tensor``), so ops on DTensors trace down
+to ops on local tensors. Three more things make whole programs capturable:
+
+- Placements and meshes are opaque *value* types: Dynamo treats each one as a
+  constant, guards on it with ``==`` (so equal meshes share compiled code and
+  a different mesh or placement recompiles) and writes it into generated code
+  with its ``__fx_repr__``.
+- ``from_local``, ``to_local``, ``redistribute``, ``full_tensor`` and
+  ``distribute_tensor`` appear in Dynamo's graph as single calls with those
+  constants as arguments; AOTAutograd then traces through them (their
+  autograd Functions included) down to local ops and functional collectives
+  (``dtensor._comm`` switches to ``torch.distributed._functional_collectives``
+  while compiling).
+- Random ops draw through ``dtensor::philox_block``, an ordered (effectful)
+  custom op that reads and advances the process-global generator when the
+  compiled program *runs*, so compiled and eager draws are the same numbers.
+
+Dynamo does not trace into the rest of ``dtensor`` (the package is on its
+skip list): other dtensor calls in compiled code graph-break and run eagerly.
+
+Example:
+    >>> @torch.compile(fullgraph=True)
+    ... def step(t):
+    ...     x = DTensor.from_local(t, mesh, [Shard(0)])
+    ...     return (x * 2).redistribute(mesh, [Replicate()]).to_local()
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+from torch._library.opaque_object import MemberType, register_opaque_type
+
+from dtensor.mesh import DeviceMesh, _unpickle_mesh
+from dtensor.placement import Partial, Replicate, Shard
+
+__all__ = ["draw", "trace_as_calls", "tracing"]
+
+log = logging.getLogger(__name__)
+
+#: True while torch.compile traces (Dynamo and AOTAutograd alike).
+tracing = torch.compiler.is_compiling
+
+
+# Opaque value types ---------------------------------------------------------
+_REAL = MemberType.USE_REAL
+_PLACEMENT_MEMBERS = {
+    name: _REAL
+    for name in ("is_shard", "is_replicate", "is_partial", "kind", "__eq__", "__ne__", "__hash__")
+}
+for _cls, _fields in ((Shard, ("dim",)), (Replicate, ()), (Partial, ("reduce_op",))):
+    register_opaque_type(
+        _cls, typ="value", members=_PLACEMENT_MEMBERS | {f: _REAL for f in _fields}
+    )
+register_opaque_type(
+    DeviceMesh,
+    typ="value",
+    members={
+        name: _REAL
+        for name in (
+            "device_type", "mesh_dim_names", "ndim", "shape", "ranks", "size",
+            "get_rank", "get_coordinate", "get_local_rank", "is_member",
+            "__getitem__", "__eq__", "__ne__", "__hash__",
+        )
+    },
+)
+
+
+# In-graph calls ---------------------------------------------------------------
+def trace_as_calls(*fns: Callable) -> None:
+    """Have Dynamo record calls to ``fns`` as graph nodes instead of tracing them.
+
+    Dynamo never traces into the rest of ``dtensor`` either: calls into it
+    from compiled code graph-break (and run eagerly), and Dynamo never starts
+    compiling a frame inside it. Registered once ``torch._dynamo`` is
+    imported (importing it here would add about a second to ``import dtensor``).
+    """
+    _pending.extend(fns)
+    if "torch._dynamo" in sys.modules:
+        _register_with_dynamo()
+    elif not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoImportHook())
+
+
+_pending: list[Callable] = []
+_skipped = False
+
+
+def _register_with_dynamo() -> None:
+    global _skipped
+    import torch._dynamo
+
+    if not _skipped:
+        _skipped = True
+        torch._dynamo.trace_rules.add("dtensor")
+    while _pending:
+        torch._dynamo.allow_in_graph(_pending.pop())
+
+
+class _DynamoImportHook(importlib.abc.MetaPathFinder):
+    """Runs ``_register_with_dynamo`` right after ``torch._dynamo`` is imported."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module) -> None:
+            exec_module(module)
+            try:
+                _register_with_dynamo()
+            except Exception:  # never break torch._dynamo's import
+                log.exception("dtensor: registering DTensor calls with Dynamo failed")
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+# Meshes in generated code --------------------------------------------------
+_meshes: dict[tuple, DeviceMesh] = {}
+
+
+def mesh_fx_repr(mesh: DeviceMesh) -> tuple[str, dict]:
+    """``DeviceMesh.__fx_repr__``: an expression naming ``mesh`` in generated code.
+
+    The expression looks the mesh up rather than building a new one (which
+    would create process groups while tracing).
+    """
+    # NOTE: it names this process's rank too. A program traced on one rank
+    # is specialised to that rank's coordinate; compile caches key programs on
+    # their code, so the rank keeps one rank's program from reaching another.
+    key = (mesh.device_type, mesh.ranks, mesh.shape, mesh.mesh_dim_names)
+    _meshes.setdefault(key, mesh)
+    return f"dtensor_mesh{(*key, mesh.get_rank())!r}", {"dtensor_mesh": mesh_from_fx}
+
+
+def mesh_from_fx(device_type: str, ranks, shape, mesh_dim_names, rank: int) -> DeviceMesh:
+    """The mesh that ``mesh_fx_repr`` wrote (``rank`` only keys caches)."""
+    mesh = _meshes.get((device_type, ranks, shape, mesh_dim_names))
+    return mesh if mesh is not None else _unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
+
+
+# Random draws at run time ---------------------------------------------------------
+_BLOCKS = (
+    "uniform_block", "normal_block", "exponential_block", "random_block",
+    "randint_block", "bernoulli_block",
+)
+
+
+@torch.library.custom_op("dtensor::philox_block", mutates_args=())
+def _philox_block(
+    block: str,
+    params: str,
+    global_shape: Sequence[int],
+    local_offset: Sequence[int],
+    local_shape: Sequence[int],
+    p: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """This rank's block of a fresh draw; advances the generator like eager."""
+    from dtensor import random as rng
+
+    kwargs = _decode(params)
+    if p is not None:
+        kwargs["p"] = p
+    seed, offset = rng.get_rng_state().seed, rng.next_offset()
+    return getattr(rng, block)(
+        seed, offset, global_shape, local_offset, local_shape, device=device, **kwargs
+    )
+
+
+@_philox_block.register_fake
+def _(block, params, global_shape, local_offset, local_shape, p, device):
+    return torch.empty(local_shape, dtype=_decode(params)["dtype"], device=device)
+
+
+# Ordered: never reordered against other draws, deduplicated or dropped.
+torch.library._register_effectful_op(
+    "dtensor::philox_block", torch._library.effects.EffectType.ORDERED
+)
+
+
+def _decode(params: str) -> dict:
+    kwargs = json.loads(params)
+    kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    return kwargs
+
+
+def draw(
+    block: str,
+    params: dict,
+    global_shape: Sequence[int],
+    local_offset: Sequence[int],
+    local_shape: Sequence[int],
+    device,
+) -> torch.Tensor:
+    """A draw recorded in the traced program: ``dtensor.random.<block>`` with
+    ``params`` (scalars, a ``dtype``, tensor ``p``), evaluated at run time."""
+    if block not in _BLOCKS:
+        raise AssertionError(f"draw: unknown block function {block!r}")
+    params = dict(params)
+    p = params.pop("p", None)
+    if not isinstance(p, torch.Tensor):
+        if p is not None:
+            params["p"] = p
+        p = None
+    params["dtype"] = str(params["dtype"]).removeprefix("torch.")
+    return torch.ops.dtensor.philox_block(
+        block,
+        json.dumps(params, sort_keys=True),
+        list(global_shape),
+        list(local_offset),
+        list(local_shape),
+        p,
+        torch.device(device) if device is not None else torch.device("cpu"),
+    )
