@@ -253,7 +253,12 @@ class DTensor(torch.Tensor):
         dst = _norm(placements, mesh, self.ndim)
         if dst == self._spec.placements:
             return self
-        return _Redistribute.apply(self, self._spec.with_placements(dst))
+        spec = self._spec.with_placements(dst)
+        if not (self.requires_grad and torch.is_grad_enabled()) and not _compile.tracing():
+            # No graph to record: skip autograd.Function's bookkeeping, which
+            # costs more than the planning and shows up next to a collective.
+            return DTensor(redistribute_local(self._local_tensor, self._spec, spec), spec)
+        return _Redistribute.apply(self, spec)
 
     def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
         """The whole global tensor on every member rank (differentiable).
