@@ -1,14 +1,17 @@
 """Benchmark: counter-based Philox (dtensor.random) vs torch's CPU generator.
 
-Run: ``python bench/rng.py [--sizes 1e3,1e4,1e5,1e6,1e7] [--reps 7] [--threads N]``.
-Prints a markdown table (median wall time per call, ratio ours/torch). Runs of
-ours and torch are interleaved so machine noise hits both alike.
+Run: ``python bench/rng.py [--sizes 1e3,1e4,1e5,1e6,1e7] [--reps 7] [--threads N]
+[--clock wall|cpu]``. Prints a markdown table (median time per call, ratio
+ours/torch). Runs of ours and torch are interleaved so machine noise hits both
+alike. ``--clock cpu`` measures this process's CPU time with one intra-op
+thread: on a shared machine other jobs then stretch neither side.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import time
@@ -30,13 +33,17 @@ def _machine() -> str:
                     break
     except OSError:
         pass
-    return f"{name}, torch {torch.__version__}, {torch.get_num_threads()} intra-op threads"
+    return (f"{name} ({os.cpu_count()} cores), torch {torch.__version__}, "
+            f"{torch.get_num_threads()} intra-op threads")
+
+
+_clock = time.perf_counter
 
 
 def _time(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+    t0 = _clock()
     fn()
-    return time.perf_counter() - t0
+    return _clock() - t0
 
 
 def _column_blocks(n: int, parts: int = 8) -> None:
@@ -64,13 +71,19 @@ def main() -> None:
     ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6,1e7")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: perf_counter; cpu: process CPU time, one thread")
     args = ap.parse_args()
+    global _clock
+    if args.clock == "cpu":
+        _clock = time.process_time
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     R.manual_seed(0)
     torch.manual_seed(0)
-    print(f"{datetime.date.today().isoformat()}, {_machine()}\n")
+    print(f"{datetime.date.today().isoformat()}, {_machine()}, {args.clock} clock\n")
     print("| op | n | torch ms | ours ms | ours/torch |")
     print("|---|---:|---:|---:|---:|")
     for name_idx in range(len(_cases(1))):

@@ -8,17 +8,22 @@ functions of ``dtensor.random`` under the same seed. Every rank advances the
 generator's offset once per random op — members of the op's mesh and
 outsiders alike — so later ops stay in step everywhere.
 
-Partial semantics: a random op writing a ``Partial(sum)`` tensor stores the
-values on coordinate 0 of each partial axis and zeros elsewhere (the sum is
-the random tensor); ``Partial(avg/max/min)`` store the values everywhere.
+Partial semantics (docs/random.md): a random op writing a ``Partial(sum)``
+tensor stores the values on coordinate 0 of each partial axis and zeros
+elsewhere (the sum is the random tensor); ``Partial(avg/max/min)`` store the
+values everywhere, and integers that n copies would overflow are refused.
 ``native_dropout`` and dropout keep ``Partial(sum/avg)`` inputs partial: the
-mask depends only on the global index, so masking commutes with the sum.
+mask depends only on the global index, so masking commutes with the sum;
+``Partial(max/min)`` inputs are reduced first.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from dtensor import _compile
 from dtensor import random as rng
 from dtensor.errors import ShardingError
 from dtensor.placement import Partial, Replicate
@@ -43,12 +48,22 @@ def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
 
     Advances the generator on every rank, member or not.
     """
-    seed, offset = rng.get_rng_state().seed, rng.next_offset()
     coord = spec.mesh.get_coordinate()
+    if _compile.tracing():
+        # The compiled program draws, and advances the generator, when it runs.
+        empty = (0,) * spec.ndim
+        shape, start = spec.local_block(coord) if coord is not None else (empty, empty)
+        values = _compile.draw(*make.block, spec.shape, start, shape, device)
+        return _zero_partial(values, spec, coord) if coord is not None else None
+    seed, offset = rng.get_rng_state().seed, rng.next_offset()
     if coord is None:
         return None
     shape, start = spec.local_block(coord)
     values = make(seed, offset, spec.shape, start, shape, device=device)
+    return _zero_partial(values, spec, coord)
+
+
+def _zero_partial(values: torch.Tensor, spec: DTensorSpec, coord) -> torch.Tensor:
     for axis, p in enumerate(spec.placements):
         if isinstance(p, Partial) and p.reduce_op == "sum" and coord[axis] != 0:
             return torch.zeros_like(values)
@@ -132,7 +147,7 @@ def _bernoulli_tensor(func, args, kwargs):
         probs = redistribute_local(p._local_tensor, p._spec, spec) if spec is not p._spec else p._local_tensor
     values = _draw(
         spec, p._local_tensor.device,
-        lambda *a, device: rng.bernoulli_block(*a, p=probs, dtype=p.dtype, device=device),
+        _maker(rng.bernoulli_block, p=probs, dtype=p.dtype),
     )
     return DTensor(values if values is not None else _empty(spec, p._local_tensor.device), spec)
 
@@ -146,7 +161,7 @@ def _bernoulli_inplace_tensor(func, args, kwargs):
         probs = _probabilities(p, _non_partial(spec)).to(self._local_tensor.device)
     values = _draw(
         spec, self._local_tensor.device,
-        lambda *a, device: rng.bernoulli_block(*a, p=probs, dtype=self.dtype, device=device),
+        _maker(rng.bernoulli_block, p=probs, dtype=self.dtype),
     )
     if values is not None:
         self._local_tensor.copy_(values)
@@ -154,38 +169,75 @@ def _bernoulli_inplace_tensor(func, args, kwargs):
 
 
 def _native_dropout(func, args, kwargs):
-    x, p, train = args[0], float(args[1]), args[2] if len(args) > 2 else kwargs.get("train")
-    spec = x._spec
-    if not train or p == 0.0:
-        mask = torch.ones_like(x._local_tensor, dtype=torch.bool)
-        return DTensor(x._local_tensor.clone(), spec), DTensor(mask, spec.with_meta(
-            TensorMeta(spec.shape, spec.stride, torch.bool)))
-    if any(isinstance(q, Partial) and q.reduce_op not in ("sum", "avg") for q in spec.placements):
-        raise ShardingError(
-            f"native_dropout: input is {spec}; dropout of Partial(max/min) is not "
-            "defined, redistribute to Replicate() first"
-        )
+    """``native_dropout(x, p, train) -> (out, keep mask)`` with ``dropout``'s
+    values. It draws exactly when ``dtensor.random.dropout`` does (training,
+    ``0 < p < 1``, non-empty), so the fused and the decomposed forms advance
+    the generator alike. Partial(sum/avg) inputs stay partial: the mask depends
+    only on the global index, so it commutes with the reduction. Partial(max/min)
+    axes are reduced first. The mask is never partial."""
+    x, p = args[0], float(args[1])
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    rng._threshold(p, "native_dropout")
+    spec, local = x._spec, x._local_tensor
+    if any(isinstance(q, Partial) and q.reduce_op in ("max", "min") for q in spec.placements):
+        reduced = spec.with_placements([
+            Replicate() if isinstance(q, Partial) and q.reduce_op in ("max", "min") else q
+            for q in spec.placements
+        ])
+        if spec.mesh.get_coordinate() is not None:
+            local = redistribute_local(local, spec, reduced)
+        spec = reduced
+    layout = _non_partial(spec)
+    mask_spec = layout.with_meta(TensorMeta(spec.shape, spec.stride, torch.bool))
+    if not train or p == 0.0 or p == 1.0 or 0 in spec.shape:  # no draw
+        if train and p == 1.0:
+            out = local * torch.zeros((), dtype=local.dtype, device=local.device)
+        else:
+            out = local.clone()
+        mask = torch.full_like(local, not (train and p == 1.0), dtype=torch.bool)
+        return DTensor(out, spec), DTensor(mask, mask_spec)
     # Same arithmetic as ATen's CPU dropout (bernoulli_(1 - p), div_, mul), so
     # the fused op and the decomposed one give the same bits.
     keep = 1.0 - p
-    layout = _non_partial(spec)
-    noise = _draw(
-        layout, x._local_tensor.device,
-        lambda *a, device: rng.bernoulli_block(*a, p=keep, dtype=x.dtype, device=device),
-    )
-    mask_spec = spec.with_meta(TensorMeta(spec.shape, spec.stride, torch.bool))
+    noise = _draw(layout, local.device, _maker(rng.bernoulli_block, p=keep, dtype=x.dtype))
     if noise is None:
-        return DTensor(_empty(spec, x._local_tensor.device), spec), DTensor(
-            _empty(mask_spec, x._local_tensor.device), mask_spec)
+        return DTensor(_empty(spec, local.device), spec), DTensor(
+            _empty(mask_spec, local.device), mask_spec)
     mask = noise.bool()
-    out = x._local_tensor * (noise.div_(keep) if keep > 0 else noise)
-    return DTensor(out, spec), DTensor(mask, mask_spec)
+    return DTensor(local * noise.div_(keep), spec), DTensor(mask, mask_spec)
+
+
+def _int_maker(self, op: str, lo: int, hi: int, block_fn, /, **fixed):
+    """``_maker`` for integers in ``[lo, hi)`` written into ``self``, once they
+    fit: on a Partial(avg) axis every coordinate holds the draw and the value is
+    their sum divided by n, so integer sums must not overflow."""
+    spec, dtype = self._spec, self.dtype
+    n = math.prod(spec.mesh.shape[a] for a, p in enumerate(spec.placements)
+                  if isinstance(p, Partial) and p.reduce_op == "avg")
+    if n > 1 and not dtype.is_floating_point and dtype != torch.bool:
+        info = torch.iinfo(dtype)
+        if lo * n < info.min or (hi - 1) * n > info.max:
+            raise ShardingError(
+                f"{op}: cannot store integers in [{lo}, {hi}) into {spec}: its "
+                f"Partial(avg) value is the sum of {n} copies divided by {n}, and that "
+                f"sum overflows {dtype}. Redistribute it first, e.g. "
+                "x.redistribute(mesh, [Replicate()] * mesh.ndim)"
+            )
+    return _maker(block_fn, **fixed)
+
+
+def _random_from(self, low: int, high: int | None):
+    """``random_(from, to)``; ``to=None`` means up to the dtype's top (torch's range)."""
+    high = rng._random_span(self.dtype) if high is None else high
+    return _int_maker(self, "random_", low, high, rng.randint_block, low=low, high=high,
+                      dtype=self.dtype)
 
 
 def _maker(block_fn, **fixed):
     def make(*args, device):
         return block_fn(*args, device=device, **fixed)
 
+    make.block = (block_fn.__name__, fixed)  # what a compiled program draws
     return make
 
 
@@ -203,15 +255,15 @@ HANDLERS = {
             rng.exponential_block, dtype=self.dtype, lambd=kw.get("lambd", lambd))
     ),
     aten.random_.default: _inplace(
-        lambda self, **kw: _maker(rng.random_block, dtype=self.dtype)
+        lambda self, **kw: _int_maker(
+            self, "random_", 0, rng._random_span(self.dtype), rng.random_block, dtype=self.dtype)
     ),
     aten.random_.to: _inplace(
-        lambda self, to, **kw: _maker(rng.randint_block, low=0, high=to, dtype=self.dtype)
+        lambda self, to, **kw: _int_maker(
+            self, "random_", 0, to, rng.randint_block, low=0, high=to, dtype=self.dtype)
     ),
     getattr(aten.random_, "from"): _inplace(
-        lambda self, from_, to=None, **kw: _maker(
-            rng.randint_block, low=from_, high=to if to is not None else rng._random_span(self.dtype),
-            dtype=self.dtype)
+        lambda self, from_, to=None, **kw: _random_from(self, from_, to)
     ),
     aten.bernoulli_.float: _inplace(
         lambda self, p=0.5, **kw: _maker(rng.bernoulli_block, p=kw.get("p", p), dtype=self.dtype)

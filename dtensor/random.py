@@ -33,10 +33,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+from dtensor._philox import (
+    _M32,
+    _M64,
+    _check_block,
+    _generate,
+    global_indices,
+    philox4x32,
+)
 
 __all__ = [
     "RNGState",
@@ -66,231 +75,6 @@ __all__ = [
     "uniform_block",
 ]
 
-_M32 = 0xFFFFFFFF
-_M64 = (1 << 64) - 1
-PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers (Random123)
-PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
-PHILOX_ROUNDS = 10
-_CHUNK = 1 << 17  # counters per pass: bounds temporaries; fewer passes = less dispatch
-
-Word = int | Tensor
-
-# ---------------------------------------------------------------------------
-# Philox4x32-10 on int64 tensors holding 32-bit words
-# ---------------------------------------------------------------------------
-# NOTE: int64 products of two 32-bit words wrap modulo 2**64 in torch, which keeps
-# all 64 bits of the unsigned product; ">> 32" is arithmetic, so the high word is
-# masked after it has been xor-ed (masking once is enough: & distributes over ^).
-# Words called "b" below may carry garbage above bit 31 (they are raw products);
-# words called "a" (multiplicands) are always masked.
-
-
-def _mix(p: Word, b: Word, k: Word, scratch: Tensor | None) -> Word:
-    """``(hi32(p) ^ b ^ k) & M32``; may overwrite ``b`` (never ``p``)."""
-    if isinstance(p, int):
-        if isinstance(b, int):
-            return ((p >> 32) ^ b ^ k) & _M32
-        b ^= ((p >> 32) ^ k) & _M32 if isinstance(k, int) else (k ^ (p >> 32))
-        return b.bitwise_and_(_M32)
-    if isinstance(b, int):
-        t = p >> 32
-        t ^= (b ^ k) & _M32 if isinstance(k, int) else (k ^ (b & _M32))
-        return t.bitwise_and_(_M32)
-    if scratch is not None and scratch.shape == p.shape:
-        torch.bitwise_right_shift(p, 32, out=scratch)
-        b ^= scratch
-    else:
-        b ^= p >> 32
-    b ^= k
-    return b.bitwise_and_(_M32)
-
-
-def _mul(a: Word, m: int) -> Word:
-    return a * m if isinstance(a, int) else a.mul_(m)
-
-
-def _philox_owned(
-    a0: Word, b1: Word, a2: Word, b3: Word, k0: Word, k1: Word, scratch: Tensor | None
-) -> tuple[Word, Word, Word, Word]:
-    """Philox4x32-10 rounds. Tensor arguments are owned and overwritten."""
-    for r in range(PHILOX_ROUNDS):
-        if r:
-            k0 = (k0 + PHILOX_W0) & _M32
-            k1 = (k1 + PHILOX_W1) & _M32
-        p0 = _mul(a0, PHILOX_M0)
-        p1 = _mul(a2, PHILOX_M1)
-        a0, a2 = _mix(p1, b1, k0, scratch), _mix(p0, b3, k1, scratch)
-        b1, b3 = p1, p0
-    return a0, b1 & _M32, a2, b3 & _M32
-
-
-def philox4x32(counter: Tensor, key: Tensor | tuple[int, int]) -> Tensor:
-    """Philox4x32-10 of ``counter`` (``[..., 4]``) under ``key`` (``[..., 2]``).
-
-    Words are 32-bit unsigned values stored in int64 tensors (word 0 first, as in
-    Random123's ``ctr.v[0]``). Inputs broadcast; the inputs are not modified.
-
-    Example:
-        >>> philox4x32(torch.zeros(4, dtype=torch.int64), (0, 0)).tolist()[0]
-        1713891541
-    """
-    if counter.shape[-1:] != (4,):
-        raise ValueError(f"philox4x32: expected counter of shape [..., 4], got {tuple(counter.shape)}")
-    counter = counter.to(torch.int64) & _M32
-    if isinstance(key, Tensor):
-        if key.shape[-1:] != (2,):
-            raise ValueError(f"philox4x32: expected key of shape [..., 2], got {tuple(key.shape)}")
-        key = key.to(device=counter.device, dtype=torch.int64) & _M32
-        shape = torch.broadcast_shapes(counter.shape[:-1], key.shape[:-1])
-        k0, k1 = (key[..., j].expand(shape).clone() for j in range(2))
-    else:
-        shape = counter.shape[:-1]
-        k0, k1 = int(key[0]) & _M32, int(key[1]) & _M32
-    c = [counter[..., j].expand(shape).clone() for j in range(4)]
-    words = _philox_owned(c[0], c[1], c[2], c[3], k0, k1, None)
-    return torch.stack(torch.broadcast_tensors(*words), dim=-1)
-
-
-def _philox_groups(g: Tensor, g_hi: int | None, offset: int, seed: int) -> Tensor:
-    """Words ``[n, 4]`` for counters ``(g_lo, g_hi, offset_lo, offset_hi)``.
-
-    ``g`` (int64, 1-d) is consumed. ``g_hi`` is the known high word of every
-    ``g`` or None when it varies.
-    """
-    n = g.numel()
-    out = torch.empty((n, 4), dtype=torch.int64, device=g.device)
-    k0, k1 = seed & _M32, (seed >> 32) & _M32
-    c2, c3 = offset & _M32, (offset >> 32) & _M32
-    scratch = torch.empty(min(n, _CHUNK), dtype=torch.int64, device=g.device)
-    for start in range(0, n, _CHUNK):
-        sl = slice(start, min(n, start + _CHUNK))
-        gc = g[sl]
-        hi: Word = g_hi if g_hi is not None else gc >> 32
-        words = _philox_owned(
-            gc.bitwise_and_(_M32), hi, c2, c3, k0, k1, scratch[: gc.numel()]
-        )
-        for j, w in enumerate(words):
-            out[sl, j] = w
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Blocks of the global tensor
-# ---------------------------------------------------------------------------
-
-
-def _check_block(
-    global_shape: Sequence[int], local_offset: Sequence[int], local_shape: Sequence[int]
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    gs, lo, ls = (tuple(int(x) for x in s) for s in (global_shape, local_offset, local_shape))
-    if not len(gs) == len(lo) == len(ls):
-        raise ValueError(
-            f"random block: expected global_shape, local_offset and local_shape of equal "
-            f"length, got {gs}, {lo}, {ls}"
-        )
-    for d, (g, o, n) in enumerate(zip(gs, lo, ls, strict=True)):
-        if g < 0 or n < 0 or o < 0 or o + n > g:
-            raise ValueError(
-                f"random block: dim {d}: expected 0 <= offset and offset + length <= "
-                f"{g}, got offset {o}, length {n} (global_shape {gs})"
-            )
-    return gs, lo, ls
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return strides[::-1]
-
-
-def global_indices(
-    global_shape: Sequence[int],
-    local_offset: Sequence[int],
-    local_shape: Sequence[int],
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Row-major linear indices (int64, shape ``local_shape``) of a block.
-
-    Example:
-        >>> global_indices((3, 4), (1, 2), (2, 2)).tolist()
-        [[6, 7], [10, 11]]
-    """
-    gs, lo, ls = _check_block(global_shape, local_offset, local_shape)
-    idx = torch.zeros((), dtype=torch.int64, device=device)
-    for o, n, st in zip(lo, ls, _strides(gs), strict=True):
-        ar = torch.arange(o, o + n, dtype=torch.int64, device=device)
-        idx = idx.unsqueeze(-1) + ar * st  # [..., n]
-    return idx
-
-
-def _stream_words(seed: int, offset: int, first: int, count: int, device) -> Tensor:
-    """Words ``first .. first + count - 1`` of the (seed, offset) stream, 1-d int64."""
-    g0, g1 = first >> 2, (first + count - 1) >> 2
-    g = torch.arange(g0, g1 + 1, dtype=torch.int64, device=device)
-    g_hi = g0 >> 32 if g0 >> 32 == g1 >> 32 else None
-    words = _philox_groups(g, g_hi, offset, seed).view(-1)
-    return words[first & 3 : (first & 3) + count]
-
-
-Convert = Callable[[Tensor, slice], Tensor]
-
-
-def _generate(
-    seed: int, offset: int, gs: tuple[int, ...], lo: tuple[int, ...], ls: tuple[int, ...],
-    w: int, convert: Convert, dtype: torch.dtype, device: torch.device | str | None,
-) -> Tensor:
-    """Values of a block: ``convert(words[m, w], flat_slice) -> values[m]`` is
-    applied to the stream words of consecutive elements (row-major in the block),
-    at most ~``4 * _CHUNK`` words at a time, and written into the result."""
-    seed, offset = int(seed) & _M64, int(offset) & _M64
-    n = math.prod(ls)
-    if n == 0:
-        return torch.empty(ls, dtype=dtype, device=device)
-    # The block is R runs of L consecutive global indices: dims after j are full.
-    j = max(len(gs) - 1, 0)
-    while j > 0 and ls[j] == gs[j]:
-        j -= 1
-    run = math.prod(ls[j:])
-    head = ls[:j] + (1,) * (len(gs) - j)
-    nw = run * w  # words per run
-    if n == run or nw > 4 * _CHUNK:  # one run or long runs: chunk each run
-        if n == run:
-            first = [sum(o * st for o, st in zip(lo, _strides(gs), strict=True))]
-        else:  # runs of > 4 * _CHUNK words, so few of them: a host copy is cheap
-            first = global_indices(gs, lo, head, device).reshape(-1).tolist()
-        step = 4 * _CHUNK // w
-        if n <= step:  # a single pass: no copy into `out`
-            words = _stream_words(seed, offset, w * first[0], w * n, device)
-            return convert(words.view(-1, w), slice(0, n)).to(dtype).reshape(ls)
-        out = torch.empty(n, dtype=dtype, device=device)
-        for r, s in enumerate(first):
-            for e0 in range(0, run, step):
-                e1 = min(run, e0 + step)
-                words = _stream_words(seed, offset, w * (s + e0), w * (e1 - e0), device)
-                sl = slice(r * run + e0, r * run + e1)
-                out[sl] = convert(words.view(-1, w), sl)
-        return out.view(ls)
-    # short runs: a batch of runs per pass, each run reading ceil((3 + nw) / 4) groups
-    ngroups = (nw + 3 + 3) // 4
-    batch = max(1, _CHUNK // ngroups)
-    g_hi = 0 if (w * math.prod(gs)) >> 2 <= _M32 else None
-    arange_g = torch.arange(ngroups, dtype=torch.int64, device=device)
-    arange_w = torch.arange(nw, dtype=torch.int64, device=device)
-    starts = global_indices(gs, lo, head, device).reshape(-1)  # [R] first element
-    out = torch.empty(n, dtype=dtype, device=device)
-    for r0 in range(0, starts.numel(), batch):
-        first = starts[r0 : r0 + batch] * w  # [B] first word of each run
-        groups = ((first >> 2).unsqueeze(-1) + arange_g).view(-1)  # [B * G]
-        words = _philox_groups(groups, g_hi, offset, seed).view(first.numel(), 4 * ngroups)
-        pick = (first & 3).unsqueeze(-1) + arange_w  # [B, nw]
-        words = torch.gather(words, 1, pick)
-        sl = slice(r0 * run, r0 * run + words.numel() // w)
-        out[sl] = convert(words.view(-1, w), sl)
-    return out.view(ls)
-
-
 _MANTISSA = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 
 
@@ -301,18 +85,32 @@ def _float_info(dtype: torch.dtype, op: str) -> tuple[torch.dtype, int]:
     return (torch.float64, 2) if dtype == torch.float64 else (torch.float32, 1)
 
 
-def _unit(words: Tensor, bits: int, *, open_low: bool = False) -> Tensor:
-    """Uniform on ``[0, 1)`` (``(0, 1]`` with ``open_low``) from the top ``bits``
-    bits of one word (``bits <= 24``, float32) or two words (53 bits, float64)."""
-    if bits == 53:
-        v = (words[..., 0] << 21) | (words[..., 1] >> 11)  # 53 bits
-        dt = torch.float64
-    else:
-        v = words[..., 0] >> (32 - bits)
-        dt = torch.float32
-    if open_low:
-        v += 1
-    return v.to(dt).mul_(2.0**-bits)
+def _top_bits(words: Tensor, bits: int) -> Tensor:
+    """The top ``bits`` bits of each row of ``words`` (``[..., 1]``: ``bits <= 32``;
+    ``[..., 2]``: word 0 then word 1) as int64. Overwrites ``words``."""
+    hi = words[..., 0]
+    if bits <= 32:
+        return hi.bitwise_right_shift_(32 - bits)
+    lo = words[..., 1].bitwise_right_shift_(64 - bits)
+    return hi.bitwise_left_shift_(bits - 32).bitwise_or_(lo)
+
+
+def _work(out: Tensor, cdt: torch.dtype) -> Tensor:
+    """Where values computed in ``cdt`` go: ``out`` itself, or a temporary that
+    the caller copies (one rounding) into ``out``."""
+    return out if out.dtype == cdt else torch.empty(out.shape, dtype=cdt, device=out.device)
+
+
+def _finish(out: Tensor, values: Tensor) -> None:
+    if values is not out:
+        out.copy_(values)
+
+
+def _unit(dst: Tensor, words: Tensor, bits: int) -> Tensor:
+    """``dst`` (floating, ``bits`` <= its mantissa) := uniform on ``[0, 1)`` from the
+    top ``bits`` bits of one word (``bits <= 32``) or two words; exact.
+    Overwrites ``words``."""
+    return dst.copy_(_top_bits(words, bits)).mul_(2.0**-bits)
 
 
 def _next_below(value: float, dtype: torch.dtype) -> float:
@@ -346,23 +144,25 @@ def uniform_block(
         torch.Size([3])
     """
     gs, lo, ls = _check_block(global_shape, local_offset, local_shape)
-    _, w = _float_info(dtype, "uniform_block")
+    _float_info(dtype, "uniform_block")
     if not (low <= high and math.isfinite(high - low)):
         raise ValueError(
             f"uniform_block: expected finite low <= high, got low={low}, high={high}"
         )
+    cdt, w = _float_info(dtype, "uniform_block")
     bits, plain = _MANTISSA[dtype], (low, high) == (0.0, 1.0)
     below = None  # the largest dtype value < high, when rounding can reach high
     if not plain and high > low:
         hi = float(torch.tensor(high, dtype=dtype))  # high rounded to dtype
         below = hi if hi < high else _next_below(hi, dtype)
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        u = _unit(words, bits)
-        if plain:
-            return u
-        u = u.mul_(high - low).add_(low).to(dtype)
-        return u if below is None else u.clamp_(max=below)
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        if plain:  # k * 2**-bits is exact in dtype: no float32 detour
+            _unit(out, words, bits)
+            return
+        _finish(out, _unit(_work(out, cdt), words, bits).mul_(high - low).add_(low))
+        if below is not None:
+            out.clamp_(max=below)
 
     return _generate(seed, offset, gs, lo, ls, w, convert, dtype, device)
 
@@ -384,14 +184,12 @@ def normal_block(
         raise ValueError(f"normal_block: expected std >= 0, got {std}")
     scale = math.sqrt(2.0) * std
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        if w == 2:
-            k, b = (words[:, 0] << 20) | (words[:, 1] >> 12), 52  # 52 bits
-        else:
-            k, b = words[:, 0] >> 9, 23  # 23 bits
-        t = k.mul_(2).add_(1 - (1 << b)).to(cdt).mul_(2.0**-b)  # odd / 2**b, exact
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        b = 52 if w == 2 else 23
+        k = _top_bits(words, b).mul_(2).add_(1 - (1 << b))
+        t = _work(out, cdt).copy_(k).mul_(2.0**-b)  # odd / 2**b, exact
         z = t.erfinv_().mul_(scale)
-        return (z if mean == 0.0 else z.add_(mean)).to(dtype)
+        _finish(out, z if mean == 0.0 else z.add_(mean))
 
     return _generate(seed, offset, gs, lo, ls, w, convert, dtype, device)
 
@@ -409,24 +207,34 @@ def exponential_block(
         raise ValueError(f"exponential_block: expected lambd > 0, got {lambd}")
     bits = 53 if cdt == torch.float64 else 24
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        return _unit(words, bits).neg_().log1p_().mul_(-1.0 / lambd).to(dtype)
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        u = _unit(_work(out, cdt), words, bits)
+        _finish(out, u.neg_().log1p_().mul_(-1.0 / lambd))
 
     return _generate(seed, offset, gs, lo, ls, w, convert, dtype, device)
 
 
 def _below(words: Tensor, span: int) -> Tensor:
     """Integers in ``[0, span)`` from ``[..., 1]`` words (``span <= 2**16``:
-    multiply-shift) or ``[..., 2]`` words (63 bits modulo ``span``)."""
+    multiply-shift) or ``[..., 2]`` words (63 bits modulo ``span``; all 64 bits
+    modulo ``span`` for ``span > 2**63``, as wrapped int64). Overwrites ``words``."""
     if words.shape[-1] == 1:
-        return (words[..., 0] * span) >> 32
-    v = (words[..., 0] << 31) | (words[..., 1] >> 1)  # 63 bits, non-negative
-    return v if span == 1 << 63 else v.remainder_(span)
+        return words[..., 0].mul_(span).bitwise_right_shift_(32)
+    if span <= 1 << 63:
+        v = _top_bits(words, 63)  # non-negative
+        return v if span == 1 << 63 else v.remainder_(span)
+    v = _top_bits(words, 64)  # u - 2**64 where u >= 2**63
+    if span == 1 << 64:
+        return v
+    # u < 2 * span, so u % span is u, or u - span when u >= span (both u and
+    # span above 2**63: compare the wrapped values).
+    wrapped = span - (1 << 64)
+    return torch.where((v < 0) & (v >= wrapped), v - wrapped, v)
 
 
 def _int_words(span: int) -> int:
-    if not 1 <= span <= 1 << 63:
-        raise ValueError(f"randint_block: expected 1 <= high - low <= 2**63, got {span}")
+    if not 1 <= span <= 1 << 64:
+        raise ValueError(f"randint_block: expected 1 <= high - low <= 2**64, got {span}")
     return 1 if span <= 1 << 16 else 2
 
 
@@ -437,7 +245,8 @@ def randint_block(
 ) -> Tensor:
     """Integers on ``[low, high)``: 1 word and ``(w * span) >> 32`` when
     ``span = high - low <= 2**16`` (bias < 2**-16), else 2 words, 63 bits
-    ``% span`` (bias < span / 2**63)."""
+    ``% span`` (bias < span / 2**63; 64 bits when ``span > 2**63``, for int64
+    ranges such as ``random_(from)`` with a negative ``from``)."""
     gs, lo, ls = _check_block(global_shape, local_offset, local_shape)
     low, span = int(low), int(high) - int(low)
     w = _int_words(span)
@@ -449,8 +258,8 @@ def randint_block(
                 f"[{info.min}, {info.max}], got low={low}, high={high}"
             )
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        return _below(words, span).add_(low).to(dtype)
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        out.copy_(_below(words, span).add_(low))
 
     return _generate(seed, offset, gs, lo, ls, w, convert, dtype, device)
 
@@ -477,8 +286,8 @@ def random_block(
     gs, lo, ls = _check_block(global_shape, local_offset, local_shape)
     span = _random_span(dtype)
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        return _below(words, span).to(dtype)
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        out.copy_(_below(words, span))
 
     return _generate(seed, offset, gs, lo, ls, _int_words(span), convert, dtype, device)
 
@@ -509,13 +318,14 @@ def bernoulli_block(
         dtype = p.dtype if dtype is None else dtype
         pf = p.reshape(-1)
 
-        def convert(words: Tensor, sl: slice) -> Tensor:
-            return words[:, 0].to(torch.float64).mul_(2.0**-32) < pf[sl].to(torch.float64)
+        def convert(words: Tensor, sl: slice, out: Tensor) -> None:
+            u = words[:, 0].to(torch.float64).mul_(2.0**-32)
+            out.copy_(u < pf[sl].to(torch.float64))
     else:
         t = _threshold(float(p), "bernoulli_block")
 
-        def convert(words: Tensor, _: slice) -> Tensor:
-            return words[:, 0] < t
+        def convert(words: Tensor, _: slice, out: Tensor) -> None:
+            out.copy_(words[:, 0] < t)
 
     out_dtype = torch.float32 if dtype is None else dtype
     return _generate(seed, offset, gs, lo, ls, 1, convert, out_dtype, device)
@@ -531,8 +341,8 @@ def dropout_mask_block(
     _threshold(float(p), "dropout_mask_block")
     t = _threshold(1.0 - float(p), "dropout_mask_block")
 
-    def convert(words: Tensor, _: slice) -> Tensor:
-        return words[:, 0] < t
+    def convert(words: Tensor, _: slice, out: Tensor) -> None:
+        torch.lt(words[:, 0], t, out=out)
 
     return _generate(seed, offset, gs, lo, ls, 1, convert, torch.bool, device)
 

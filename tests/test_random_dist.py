@@ -153,10 +153,79 @@ def test_native_dropout_and_partial_inputs(world) -> None:
     dtensor.manual_seed(9)
     out, mask = torch.ops.aten.native_dropout(p, 0.5, True)
     assert out.placements == (Partial(),)
+    assert mask.placements == (Replicate(),)  # a mask is never a partial value
     rng.manual_seed(9)
     ref = rng.dropout(torch.full((8,), 4.0), 0.5)
     assert torch.equal(out.full_tensor(), ref)
     assert torch.equal(mask.full_tensor(), ref != 0)
+    assert torch.equal(mask.to_local(), ref != 0)
+
+
+@W4
+def test_native_dropout_reduces_max_inputs_and_draws_like_dropout(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    full = torch.arange(10.0) - 4
+    x = DTensor.from_local(full - world.rank, mesh, [Partial("max")])  # max is `full`
+    dtensor.manual_seed(4)
+    out, mask = torch.native_dropout(x, 0.3, True)
+    assert out.placements == mask.placements == (Replicate(),)
+    rng.manual_seed(4)
+    ref = rng.dropout(full, 0.3)
+    assert torch.equal(out.to_local(), ref)
+    keep = rng.dropout_mask_block(4, 0, (10,), (0,), (10,), p=0.3)
+    assert torch.equal(mask.to_local(), keep)
+    # No draw (and so no offset) where dropout draws nothing: p == 1, empty, eval.
+    y = distribute_tensor(torch.ones(6), mesh, [Shard(0)])
+    empty = distribute_tensor(torch.ones(0), mesh, [Shard(0)])
+    dtensor.manual_seed(4)
+    for args in ((y, 1.0, True), (empty, 0.3, True), (y, 0.3, False), (y, 0.0, True)):
+        out, mask = torch.native_dropout(*args)
+        assert torch.equal(mask.full_tensor(), torch.full_like(
+            args[0].full_tensor(), args[1] < 1, dtype=torch.bool)), args[1:]
+    assert rng.get_rng_state().offset == 0
+
+
+@W4
+def test_random_from_below_zero_covers_the_int64_range(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    x = distribute_tensor(torch.zeros(5, 7, dtype=torch.int64), mesh, [Shard(1), Shard(0)])
+    dtensor.manual_seed(6)
+    x.random_(-3, None)  # [-3, 2**63 - 1]: a span above 2**63
+    rng.manual_seed(6)
+    ref = rng.randint(-3, 2**63, (5, 7))
+    assert torch.equal(x.full_tensor(), ref)
+
+
+@W4
+def test_inplace_ops_on_partial_avg(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    f = DTensor.from_local(torch.zeros(3, 2), mesh, [Partial("avg"), Shard(1)])
+    dtensor.manual_seed(8)
+    f.uniform_(-1.0, 1.0)
+    rng.manual_seed(8)
+    ref = rng.uniform_(torch.zeros(3, 4), -1.0, 1.0)
+    assert f.placements == (Partial("avg"), Shard(1))
+    cols = 2 * (world.rank % 2)
+    assert torch.equal(f.to_local(), ref[:, cols:cols + 2])  # the draw, on every coordinate
+    assert torch.equal(f.full_tensor(), ref)  # 2 equal copies: an exact mean
+    small = DTensor.from_local(torch.zeros(4, dtype=torch.int32), mesh, [Partial("avg")] * 2)
+    small.random_(0, 1000)  # 4 copies of < 1000 fit in int32
+    big = DTensor.from_local(torch.zeros(4, dtype=torch.int32), mesh, [Partial("avg")] * 2)
+    with pytest.raises(dtensor.ShardingError, match=r"overflows torch\.int32"):
+        big.random_()  # 4 copies of up to 2**31 - 1 do not
+    assert rng.get_rng_state().offset == 2  # the refused op drew nothing, on every rank
+    rng.manual_seed(8)
+    rng.rand(1)
+    assert torch.equal(small.full_tensor(), rng.randint(0, 1000, (4,), dtype=torch.int32))
+
+
+@W4
+def test_manual_seed_on_a_sub_mesh_checks_members_only(world) -> None:
+    mesh = DeviceMesh("cpu", [1, 3])
+    with CommCounter() as c:
+        dtensor.manual_seed(12, device_mesh=mesh)
+    assert (c.total == 0) == (mesh.get_coordinate() is None)
+    assert rng.get_rng_state() == rng.RNGState(12, 0)
 
 
 @W4

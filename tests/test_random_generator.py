@@ -1,4 +1,4 @@
-"""Covers: dtensor/random.py (pure; no process group)."""
+"""Covers: dtensor/random.py and dtensor/_philox.py (pure; no process group)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from dtensor.testing.strategies import tensor_shapes
 
+import dtensor._philox as P
 import dtensor.random as R
+from dtensor.testing.strategies import tensor_shapes
 
 M32 = 0xFFFFFFFF
 
@@ -55,9 +56,9 @@ def test_fast_philox_matches_reference_for_wide_counters() -> None:
         [g & M32, g >> 32, torch.full_like(g, offset & M32), torch.full_like(g, offset >> 32)], -1
     )
     expected = R.philox4x32(ctr, (seed & M32, seed >> 32))
-    assert torch.equal(R._philox_groups(g.clone(), None, offset, seed), expected)
+    assert torch.equal(P._philox_groups(g.clone(), None, offset, seed), expected)
     small = g[:4]
-    assert torch.equal(R._philox_groups(small.clone(), 0, offset, seed), expected[:4])
+    assert torch.equal(P._philox_groups(small.clone(), 0, offset, seed), expected[:4])
 
 
 def test_documented_counter_mapping() -> None:
@@ -199,7 +200,7 @@ def test_uneven_blocks_and_small_chunks(shape: tuple, monkeypatch: pytest.Monkey
     pieces = [[(0, s // 3), (s // 3, s - s // 3 - 1), (s - 1, 1)] for s in shape]
     for op in (OPS[0], OPS[1], OPS[8], Op("randint", R.randint_block, {"high": 10})):
         ref = _stitch(op, 5, 9, shape, pieces)
-        monkeypatch.setattr(R, "_CHUNK", 7)
+        monkeypatch.setattr(P, "_CHUNK", 7)
         _assert_bitwise_equal(_stitch(op, 5, 9, shape, pieces), ref)
         monkeypatch.undo()
 
@@ -253,6 +254,23 @@ def test_random_ranges_follow_torch_semantics() -> None:
     assert v.min() >= 0 and v.max() > 2**62
     r = R.randint_block(0, 0, n, (0,), n, low=-5, high=-2)
     assert set(r.tolist()) == {-5, -4, -3}
+
+
+@pytest.mark.parametrize("low", [-(2**63), -3, -1])
+def test_int64_spans_above_2_63_use_all_64_bits(low: int) -> None:
+    """``random_(from)`` on int64 with ``from < 0`` spans more than 2**63 values:
+    element i is ``low + (u % span)`` with ``u = w0 << 32 | w1`` (64 bits)."""
+    high, seed, offset = 2**63, 5, 11
+    span = high - low
+    gs = (3, 50)
+    got = R.randint_block(seed, offset, gs, (0, 0), gs, low=low, high=high)
+    words = _reference_words(seed, offset, torch.arange(150), 2).tolist()
+    expected = [low + ((w0 << 32 | w1) % span) for w0, w1 in words]
+    assert got.flatten().tolist() == expected
+    part = R.randint_block(seed, offset, gs, (1, 7), (2, 30), low=low, high=high)
+    assert torch.equal(part, got[1:, 7:37])
+    with pytest.raises(ValueError, match=r"2\*\*64"):
+        R.randint_block(seed, offset, gs, (0, 0), gs, low=-(2**63) - 1, high=high)
 
 
 def test_bernoulli_and_dropout_extremes_and_errors() -> None:
@@ -440,11 +458,55 @@ def test_dropout_scales_kept_values_and_is_identity_in_eval() -> None:
 
 
 def test_module_is_pure_torch() -> None:
-    """dtensor.random imports nothing from dtensor (the runtime wires it in)."""
+    """dtensor.random imports only its Philox core from dtensor, and the core
+    imports nothing from dtensor (the runtime wires them in)."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(R))
-    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert not [m for m in names if m.split(".")[0] == "dtensor"], names
+    for mod, allowed in ((R, {"dtensor._philox"}), (P, set())):
+        tree = ast.parse(inspect.getsource(mod))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in names if m.split(".")[0] == "dtensor" and m not in allowed], names
+
+
+def test_public_names_stay_in_dtensor_random() -> None:
+    for name in R.__all__:
+        assert hasattr(R, name), name
+    assert R.philox4x32 is P.philox4x32 and R.global_indices is P.global_indices
+
+
+def test_results_never_alias_the_reused_workspace() -> None:
+    """Values are converted in place in a per-thread workspace; what a block
+    function returns must survive the next call."""
+    calls = [
+        lambda s: R.randint_block(s, 0, (7,), (0,), (7,), high=10),  # int64: no cast
+        lambda s: R.random_block(s, 0, (3, 5), (1, 0), (2, 5)),
+        lambda s: R.uniform_block(s, 0, (9,), (0,), (9,), dtype=torch.float64),
+        lambda s: R.dropout_mask_block(s, 0, (9,), (0,), (9,), p=0.5),
+    ]
+    for call in calls:
+        first = call(1)
+        kept = first.clone()
+        call(2)
+        assert torch.equal(first, kept)
+
+
+def test_threads_do_not_share_a_workspace() -> None:
+    import threading
+
+    shape = (3, 100_000)  # several passes of the chunked loop
+    expected = {s: R.uniform_block(s, 0, shape, (0, 0), shape) for s in range(4)}
+    got: dict[int, torch.Tensor] = {}
+
+    def work(s: int) -> None:
+        for _ in range(3):
+            got[s] = R.uniform_block(s, 0, shape, (0, 0), shape)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in range(4):
+        _assert_bitwise_equal(got[s], expected[s])
