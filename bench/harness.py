@@ -12,13 +12,17 @@ per-test agreement overhead: 200 empty tests under torchrun versus the same
 tests in one plain process.
 
     python bench/harness.py                  # markdown tables on stdout
-    python bench/harness.py --sizes 2 --mptc-tests 5
+    python bench/harness.py --sizes 2 --reps 1
+
+MultiProcessTestCase and MultiProcContinuousTest live in
+``torch.testing._internal``, which needs ``numpy`` and ``expecttest``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,33 +159,38 @@ def _marks(path: Path) -> list[float]:
     return sorted(float(x) for x in path.read_text().split())
 
 
-def bench_sizes(n: int, mptc_count: int) -> dict[str, tuple[float, float, int]]:
-    """name -> (wall s of the whole command, s per test, tests) at n ranks.
+def bench_sizes(n: int, mptc_count: int, reps: int, mptc_reps: int
+                ) -> dict[str, list[tuple[float, float]]]:
+    """name -> [(wall s of the whole command, s per test)] at n ranks, one
+    entry per repetition; the harnesses take turns, so load hits them alike.
 
     Per test is the steady-state cost: the time between the first and the
     last test body's start on rank 0, divided by the number of gaps, so it
     holds everything a harness does between two tests (agreement, report
     shipping, or a new world for MultiProcessTestCase) but not start-up."""
-    out = {}
+    out: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         _setup(d)
-        for name, cmd in _harness_cmds(n, d, N_TESTS, mptc_count).items():
-            count = mptc_count if name == "MultiProcessTestCase" else N_TESTS
-            if count < 2:
-                continue
-            marks = d / "marks.txt"
-            marks.unlink(missing_ok=True)
-            wall = _run(cmd, d, {"BENCH_MARKS": str(marks)})
-            m = _marks(marks)
-            assert len(m) == count, (name, len(m))
-            out[name] = (wall, (m[-1] - m[0]) / (count - 1), count)
+        cmds = _harness_cmds(n, d, N_TESTS, mptc_count)
+        for rep in range(reps):
+            for name, cmd in cmds.items():
+                count = mptc_count if name == "MultiProcessTestCase" else N_TESTS
+                if count < 2 or (name == "MultiProcessTestCase" and rep >= mptc_reps):
+                    continue
+                marks = d / "marks.txt"
+                marks.unlink(missing_ok=True)
+                wall = _run(cmd, d, {"BENCH_MARKS": str(marks)})
+                m = _marks(marks)
+                assert len(m) == count, (name, len(m))
+                out.setdefault(name, []).append((wall, (m[-1] - m[0]) / (count - 1)))
     return out
 
 
-def agreement_overhead(n: int, count: int = 200, reps: int = 2) -> float:
+def agreement_overhead(n: int, count: int = 200, reps: int = 3) -> tuple[float, float]:
     """Seconds per test that lockstep agreement adds: 200 empty tests under
-    torchrun versus one plain process (steady state, min over reps)."""
+    torchrun versus the same tests in one plain process (steady state; min and
+    median over reps of the difference)."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         _setup(d)
@@ -193,42 +202,71 @@ def agreement_overhead(n: int, count: int = 200, reps: int = 2) -> float:
         env = {"BENCH_MARKS": str(marks)}
         py = sys.executable
         base = ["-q", "-p", "no:cacheprovider", "test_empty.py"]
-        single, lock = [], []
+        diffs = []
         for _ in range(reps):
-            for cmd, acc in (([py, "-m", "pytest", *base], single),
-                             ([py, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={n}", "-m", "pytest", *base], lock)):
+            pair = []
+            for cmd in ([py, "-m", "pytest", *base],
+                        [py, "-m", "torch.distributed.run", "--standalone",
+                         f"--nproc-per-node={n}", "-m", "pytest", *base]):
                 marks.unlink(missing_ok=True)
                 _run(cmd, d, env)
                 m = _marks(marks)
-                acc.append((m[-1] - m[0]) / (len(m) - 1))
-        return min(lock) - min(single)
+                pair.append((m[-1] - m[0]) / (len(m) - 1))
+            diffs.append(pair[1] - pair[0])
+        return min(diffs), statistics.median(diffs)
+
+
+def _check_torch_test_deps() -> None:
+    try:
+        import expecttest  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"{e}: torch's MultiProcessTestCase/MultiProcContinuousTest "
+                         "(torch.testing._internal) need numpy and expecttest; "
+                         "pip install numpy expecttest (or put them on PYTHONPATH)") from e
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--mptc-tests", type=int, default=N_TESTS,
+    p.add_argument("--reps", type=int, default=3,
+                   help="runs of each harness (medians are reported)")
+    p.add_argument("--mptc-tests", type=int, default=5,
                    help="tests for MultiProcessTestCase (it spawns a world per test: slow)")
+    p.add_argument("--mptc-reps", type=int, default=1, help="runs of MultiProcessTestCase")
+    p.add_argument("--skip-overhead", action="store_true",
+                   help="leave out the 200-empty-test agreement overhead runs")
     args = p.parse_args()
-    rows = {n: bench_sizes(n, args.mptc_tests) for n in args.sizes}
-    over = {n: agreement_overhead(n) for n in args.sizes}
+    _check_torch_test_deps()
+    rows = {n: bench_sizes(n, args.mptc_tests, args.reps, args.mptc_reps) for n in args.sizes}
+    over = {} if args.skip_overhead else {n: agreement_overhead(n, reps=args.reps)
+                                          for n in args.sizes}
+    med = statistics.median
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}; {args.reps} runs each "
+          f"({args.mptc_reps} of MultiProcessTestCase), medians (min in brackets)\n")
     print("| harness | N | tests | whole command | per test (steady state) |")
     print("|---|---|---|---|---|")
     for n in args.sizes:
-        for name, (wall, per, count) in rows[n].items():
-            print(f"| {name} | {n} | {count} | {wall:.1f} s | {per * 1e3:.1f} ms |")
+        for name, runs in rows[n].items():
+            count = args.mptc_tests if name == "MultiProcessTestCase" else N_TESTS
+            walls, pers = [w for w, _ in runs], [t for _, t in runs]
+            print(f"| {name} | {n} | {count} | {med(walls):.1f} s | {med(pers) * 1e3:.1f} ms "
+                  f"({min(pers) * 1e3:.1f}) |")
     for n in args.sizes:
-        r = rows[n]
-        ours = r["ours, plain pytest"][1]
-        parts = [f"MultiProcContinuousTest / ours = {r['MultiProcContinuousTest'][1] / ours:.2f}x"]
-        if "MultiProcessTestCase" in r:
-            parts.insert(0, f"MultiProcessTestCase / ours = {r['MultiProcessTestCase'][1] / ours:.0f}x")
-        print(f"\nN={n}, per test: " + "; ".join(parts))
+        r = {name: med([t for _, t in runs]) for name, runs in rows[n].items()}
+        for ours in ("ours, plain pytest", "ours, torchrun lockstep"):
+            parts = [f"MultiProcContinuousTest / ours = {r['MultiProcContinuousTest'] / r[ours]:.2f}x"]
+            if "MultiProcessTestCase" in r:
+                parts.insert(0, f"MultiProcessTestCase / ours = {r['MultiProcessTestCase'] / r[ours]:.0f}x")
+            print(f"\nN={n}, per test, {ours}: " + "; ".join(parts))
+    if not over:
+        return
     print("\n| lockstep agreement overhead per test | " + " | ".join(f"N={n}" for n in args.sizes) + " |")
     print("|---|" + "---|" * len(args.sizes))
-    print("| 200 empty tests, torchrun vs one process | "
-          + " | ".join(f"{over[n] * 1e3:.2f} ms" for n in args.sizes) + " |")
+    print("| 200 empty tests, torchrun vs one process, median (min) | "
+          + " | ".join(f"{over[n][1] * 1e3:.2f} ms ({over[n][0] * 1e3:.2f})" for n in args.sizes)
+          + " |")
+
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def missing_verdict(rank: int, nodeid: str) -> str:
                 "every rank must collect the same tests")
 
 
+def failed(v: str) -> bool:
+    """Whether verdict ``v`` is a failure (cheap on the ``"P"`` fast path)."""
+    return v not in ("P", "-") and decode(v)[0] == "failed"
+
+
 @dataclass(frozen=True)
 class Decision:
     """An outcome that overrides the local reports: fail ``when`` with ``text``."""
@@ -52,7 +57,7 @@ class Decision:
 def decide(verdicts: list[str], members: tuple[int, ...]) -> Decision | None:
     """None when every member agrees on a non-failing outcome (keep local
     reports); otherwise the failure every rank reports."""
-    parsed = {r: _dec(verdicts[r]) for r in members}
+    parsed = {r: decode(verdicts[r]) for r in members}
     kinds = {r: v[0] for r, v in parsed.items()}
     failed = [r for r in members if kinds[r] == "failed"]
     n = len(members)
@@ -123,7 +128,8 @@ def _enc(kind: str, when: str, text: str) -> str:
     return json.dumps([kind, when, text])
 
 
-def _dec(v: str) -> tuple[str, str, str]:
+def decode(v: str) -> tuple[str, str, str]:
+    """A verdict as ``(kind, when, text)``."""
     if v == "P":
         return ("passed", "call", "")
     if v == "-":

@@ -8,6 +8,12 @@ The parent hosts a TCPStore; the ranks run pytest in server mode
 logs the reports it gets back as the item's own, so ids, tracebacks, ``-k``,
 ``-x``, ``--lf`` and junit work as for any test.
 
+The parent sends a run of consecutive tests of one world at once (up to
+``MAX_AHEAD``), so the world runs them back to back, agreeing on each outcome
+among its ranks, while the parent logs the results in order. It sends one test
+at a time when a failure may stop the session (``-x``, ``--maxfail``,
+``--stepwise``) and under pytest-xdist (whose scheduler picks the order).
+
 A world that dies (hang, dead rank) fails the test it was running, with the
 ranks' report, and the next test of that size gets a fresh world.
 """
@@ -32,6 +38,7 @@ from launch.plugin import SERVER_ENV, world_size_of
 
 START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
 GRACE = 30.0  # seconds past a test's timeout before the parent kills its world
+MAX_AHEAD = 50  # tests sent to a world in one command
 
 
 @dataclass
@@ -41,7 +48,9 @@ class _World:
     store: Any  # PrefixStore(prefix, parent's store), as the ranks see it
     proc: subprocess.Popen
     log_path: Path
-    seq: int = 0
+    seq: int = 0  # the last test sent (tests are numbered 1, 2, ... per world)
+    ahead: dict[str, int] = field(default_factory=dict)  # sent, not yet read: id -> seq
+    read: int = 0  # the last seq whose results the parent read
     answered: int = 0
     deadline: float = float("inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,6 +65,12 @@ class Parent:
         self.gen = 0
         self.files: dict[int, list[str]] = {}
         self.next_of: dict[str, str | None] = {}
+        self.size_of: dict[str, int] = {}
+        self.order: list[pytest.Item] = []
+        self.index: dict[str, int] = {}
+        c = config
+        self.one_at_a_time = bool(c.getoption("maxfail", 0) or c.getoption("stepwise", False)
+                                  or hasattr(c, "workerinput"))
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         root = Path(config.getoption("dist_log_dir") or Path(config.rootpath) / ".launch-logs")
         self.log_dir = root / self.run_id
@@ -63,10 +78,13 @@ class Parent:
     # -- plan ---------------------------------------------------------------
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         last: dict[int, pytest.Item] = {}
+        self.order = list(session.items)
+        self.index = {item.nodeid: i for i, item in enumerate(self.order)}
         for item in session.items:
             n = world_size_of(item)
             if n is None:
                 continue
+            self.size_of[item.nodeid] = n
             path = str(item.path)
             files = self.files.setdefault(n, [])
             if path not in files:
@@ -97,22 +115,23 @@ class Parent:
         if n in self.broken:
             return [agree.make_report(item.nodeid, item.location, "setup", "failed", self.broken[n])]
         w = self.worlds.get(n)
-        if w is None or w.proc.poll() is not None:
-            w = self.worlds[n] = self._start(n)
-        w.seq += 1
-        seq = w.seq
+        seq = w.ahead.pop(item.nodeid, None) if w is not None else None
+        if seq is None:
+            if w is None or w.proc.poll() is not None:
+                w = self.worlds[n] = self._start(n)
+            seq = self._send(w, self._run_of(item, n))
         timeout = _timeout(item, self.config.getoption("dist_timeout"))
         allowance = START_ALLOWANCE if w.answered == 0 else 0.0
-        with w.lock:
+        with w.lock:  # NOTE: the world may have started it earlier: a later, safe bound
             w.deadline = time.monotonic() + timeout + GRACE + allowance
-        w.store.set(f"cmd/{seq}", json.dumps(
-            {"id": item.nodeid, "next": self.next_of.get(item.nodeid)}))
         got = w.store.multi_get([f"rep/{seq}"] + [f"o/{seq}/{r}" for r in range(n)])
         with w.lock:
             w.deadline = float("inf")
+        w.read = seq
         data = json.loads(got[0])
         verdicts = [v.decode() for v in got[1:]]
         if "died" in data or ("X" in verdicts and not data.get("fatal")):
+            w.ahead.clear()
             text = self._death_text(w, item, data)
             if w.answered == 0:
                 self.broken[n] = text
@@ -120,6 +139,7 @@ class Parent:
         w.answered += 1
         local = [agree.load_report(self.config, d) for d in data["reports"]]
         if data.get("fatal"):  # the world is going down: wait, so the next test gets a new one
+            w.ahead.clear()
             try:
                 w.proc.wait(timeout=GRACE)
             except subprocess.TimeoutExpired:
@@ -127,6 +147,28 @@ class Parent:
             return local
         decision = agree.decide(verdicts, tuple(range(n)))
         return agree.apply(decision, local, item.nodeid, item.location)
+
+    def _run_of(self, item: pytest.Item, n: int) -> list[pytest.Item]:
+        """``item`` and the tests right after it that run in the same world."""
+        i = self.index.get(item.nodeid)
+        if self.one_at_a_time or i is None or self.order[i] is not item:
+            return [item]
+        run = [item]
+        for nxt in self.order[i + 1:i + MAX_AHEAD]:
+            if self.size_of.get(nxt.nodeid) != n:
+                break
+            run.append(nxt)
+        return run
+
+    def _send(self, w: _World, items: list[pytest.Item]) -> int:
+        """Send ``items`` to world ``w`` as one command; returns the first's seq."""
+        first = w.seq + 1
+        w.store.set(f"cmd/{first}", json.dumps(
+            {"tests": [[it.nodeid, self.next_of.get(it.nodeid)] for it in items]}))
+        for k, it in enumerate(items[1:], start=1):
+            w.ahead[it.nodeid] = first + k
+        w.seq = first + len(items) - 1
+        return first
 
     def _death_text(self, w: _World, item: pytest.Item, data: dict[str, Any]) -> str:
         why = data.get("died", "died")
@@ -209,17 +251,21 @@ class Parent:
                 if late:
                     _stop(w.proc)
                     why = "did not answer in time and was killed"
-        try:  # answer the parent's pending wait (no-op when it was answered)
-            client.compare_set(f"rep/{w.seq}", "", json.dumps({"died": why}))
-            for r in range(w.n):
-                client.compare_set(f"o/{w.seq}/{r}", "", "X")
+        try:  # answer the parent's pending waits (no-op for tests that were answered)
+            for seq in range(w.read + 1, w.seq + 1):
+                client.compare_set(f"rep/{seq}", "", json.dumps({"died": why}))
+                for r in range(w.n):
+                    client.compare_set(f"o/{seq}/{r}", "", "X")
         except Exception:
             pass
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         for w in self.worlds.values():
             if w.proc.poll() is None:
-                w.store.set(f"cmd/{w.seq + 1}", json.dumps({"stop": True}))
+                if w.ahead:  # the session stopped early (^C): do not let it run them
+                    _stop(w.proc)
+                else:
+                    w.store.set(f"cmd/{w.seq + 1}", json.dumps({"stop": True}))
         for w in self.worlds.values():
             try:
                 w.proc.wait(timeout=60)

@@ -1,13 +1,15 @@
 """Server mode: this process is one rank of a world that a parent pytest
 launched (``launch.parent``). It collects the test files the parent named,
-then runs the tests the parent sends, one at a time, in lockstep with its
-peers; rank 0 sends the agreed reports back.
+then runs the tests the parent sends, in lockstep with its peers.
 
-Protocol (keys under the world's prefix in the parent's store):
-``cmd/<seq>`` = ``{"id", "next", "timeout"}`` or ``{"stop": true}``;
-``o/<seq>/<rank>`` = each rank's verdict (``launch.agree``); ``rep/<seq>`` =
-rank 0's own reports, serialized with ``pytest_report_to_serializable``. The
-parent agrees from the verdicts. After a fatal fault rank 0 overwrites
+Protocol (keys under the world's prefix in the parent's store): tests are
+numbered 1, 2, ... per world. ``cmd/<k>`` = ``{"tests": [[id, next id], ...]}``
+(tests k, k+1, ...; the next command is ``cmd/<k + len>``) or ``{"stop":
+true}``; ``o/<seq>/<rank>`` = each rank's verdict (``launch.agree``);
+``rep/<seq>`` = rank 0's own reports, serialized with
+``pytest_report_to_serializable``. The ranks agree on each test among
+themselves (one ``set``, one ``multi_get``) before the next one; the parent
+agrees from the same verdicts. After a fatal fault rank 0 overwrites
 ``rep/<seq>`` with the fault report and fills missing verdicts with ``"X"``.
 """
 
@@ -41,7 +43,6 @@ class Server:
         self.config = config
         self.items: dict[str, pytest.Item] = {}
         self.seq = 0
-        self.key: str | None = None
 
     def pytest_configure(self, config: pytest.Config) -> None:
         init_process_group(config)
@@ -62,28 +63,28 @@ class Server:
         self.core.start()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # NOTE: no collection agreement here: the parent's ids are the reference;
+        # a rank that lacks one fails that test ("not collected on rank k").
         self.items = {i.nodeid: i for i in session.items}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         while True:
-            self.seq += 1
-            cmd = json.loads(self.store.get(f"cmd/{self.seq}"))
+            cmd = json.loads(self.store.get(f"cmd/{self.seq + 1}"))
             if cmd.get("stop"):
                 break
-            self._one(cmd)
+            for nodeid, nxt in cmd["tests"]:
+                self.seq += 1
+                self._one(nodeid, nxt, self.seq)
         return True
 
-    def _one(self, cmd: dict[str, Any]) -> None:
-        nodeid = cmd["id"]
+    def _one(self, nodeid: str, nxt: str | None, seq: int) -> None:
         item = self.items.get(nodeid)
-        nextitem = self.items.get(cmd.get("next") or "")
+        nextitem = self.items.get(nxt or "")
         if item is not None:
             item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
-        # Rank 0 ships its own reports right after posting its verdict; the
-        # parent reads every rank's verdict and agrees by itself, in parallel
-        # with the ranks' agreement (one store round trip less per test).
-        seq = self.seq
+        # Rank 0 ships its own reports as soon as it posted its verdict; the
+        # parent agrees from the verdicts by itself.
         publish = (lambda reps: self._send(self.store, seq, reps)) if self.core.rank == 0 else None
         reports = self.core.run(item, nodeid, nextitem, str(seq), self.core.size, publish)
         if item is not None:
