@@ -11,6 +11,7 @@ from dtensor.errors import MeshError, PlacementError, ShardingError, Unsupported
 from dtensor.factories import empty, full, ones, zeros
 from dtensor.mesh import DeviceMesh, current_mesh, init_device_mesh
 from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.sharding import OpCall, Sharding
 from dtensor.spec import DTensorSpec, TensorMeta
 from dtensor.tensor import DTensor, distribute_tensor
 
@@ -19,11 +20,13 @@ __all__ = [
     "DTensorSpec",
     "DeviceMesh",
     "MeshError",
+    "OpCall",
     "Partial",
     "Placement",
     "PlacementError",
     "Replicate",
     "Shard",
+    "Sharding",
     "ShardingError",
     "TensorMeta",
     "UnsupportedOpError",

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from dtensor.dispatch import Sharding
+from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 
 __all__ = ["RULES", "einsum_rule"]

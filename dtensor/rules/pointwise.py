@@ -124,7 +124,7 @@ def pointwise_rule(call):
 
 
 def _Sharding(inputs, outputs, shapes):
-    from dtensor.dispatch import Sharding
+    from dtensor.sharding import Sharding
 
     return Sharding(inputs, outputs, shapes=shapes)
 

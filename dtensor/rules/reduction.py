@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from dtensor.dispatch import Sharding
+from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, returns
 

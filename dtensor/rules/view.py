@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.dispatch import Sharding
+from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, num_shards
 from dtensor.spec import local_block
