@@ -33,9 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtensor.errors import MeshError, ShardingError, UnsupportedOpError
-from dtensor.placement import Placement, Replicate, format_placements
-from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, local_block
+from dtensor.placement import Replicate, format_placements
 from dtensor.sharding import OpCall, Sharding
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, local_block
 from dtensor.tensor import DTensor, _device_of, _hooks, _mesh_max, redistribute_local
 
 __all__ = [

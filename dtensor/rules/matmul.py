@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
+from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "einsum_rule"]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind
 from dtensor.rules.pointwise import pointwise_rule
+from dtensor.sharding import Sharding
 
 __all__ = ["RULES"]
 

@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, returns
+from dtensor.sharding import Sharding
 
 __all__ = ["RULES"]
 

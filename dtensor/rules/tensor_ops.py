@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, is_float, partial_to_replicate
+from dtensor.sharding import Sharding
 
 __all__ = ["RULES"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.sharding import Sharding
 from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, num_shards
+from dtensor.sharding import Sharding
 from dtensor.spec import local_block
 
 __all__ = ["RULES", "view_groups"]
