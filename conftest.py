@@ -1,8 +1,12 @@
-"""Registers the distributed test service (``launch``) for this repository.
+"""This repository's pytest setup: options only, no plugin of its own.
 
-``launch.plugin`` is the service (worlds, lockstep agreement, watchdog);
-``launch.hypothesis_lockstep`` (the property suite's plugin: lockstep
-Hypothesis, profiles, the ``impl`` fixture) builds on it.
+The test service (``launch.plugin``) comes from the ``pytest11`` entry point
+once the project is installed (``pip install -e .``); naming it here as well
+lets a bare checkout run too (pytest skips a plugin it already has under
+that name, so it is never registered twice). ``launch.hypothesis_lockstep``
+(lockstep Hypothesis and the ``ci``/``dev``/``fuzz`` profiles) is opt-in, so
+the property suite's repository loads it here; the suite's own options
+(``--dtensor-impl``, mutants) live in ``tests/properties/conftest.py``.
 """
 
 pytest_plugins = ["launch.plugin", "launch.hypothesis_lockstep"]

@@ -40,6 +40,11 @@ def missing_verdict(rank: int, nodeid: str) -> str:
                 "every rank must collect the same tests")
 
 
+def error_verdict(when: str, text: str) -> str:
+    """The verdict of a rank that could not run the test at all."""
+    return _enc("failed", when, _tail(text))
+
+
 def failed(v: str) -> bool:
     """Whether verdict ``v`` is a failure (cheap on the ``"P"`` fast path)."""
     return v not in ("P", "-") and decode(v)[0] == "failed"

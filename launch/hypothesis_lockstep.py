@@ -20,9 +20,11 @@ one rank it:
   that replays it.
 
 It also registers the profiles ``ci``, ``dev`` and ``fuzz`` (pick one with
-``--hypothesis-profile``), the option ``--dtensor-impl`` with its ``impl``
-fixture (``dtensor.testing.get_impl``), and applies ``DTENSOR_MUTANT`` (see
-``tools/mutants.py``). Heavy imports happen inside hooks only.
+``--hypothesis-profile``). Other plugins add to the ``Replay:`` line through
+the ``pytest_lockstep_replay_args(config)`` hook (``NAME=value`` entries go
+before the command, others after it). Heavy imports happen inside hooks
+only; it never imports ``dtensor`` (the property suite's own glue is
+``dtensor.testing.pytest_plugin``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import random
-import re
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -42,9 +42,6 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
 __all__ = ["LockstepDivergence", "RankFailure"]
-
-IMPL_ENV = "DTENSOR_TEST_IMPL"
-MUTANT_ENV = "DTENSOR_MUTANT"
 
 _TIMING_CHECKS = [HealthCheck.too_slow, HealthCheck.differing_executors,
                   HealthCheck.function_scoped_fixture]
@@ -70,43 +67,26 @@ class RankFailure(AssertionError):
     """An example failed on some rank; raised identically on every rank."""
 
 
-# Options, fixture, mutants ---------------------------------------------------------
+# Options and hooks --------------------------------------------------------------
+class _Hooks:
+    @pytest.hookspec
+    def pytest_lockstep_replay_args(self, config: pytest.Config) -> list[str]:
+        """Extra words for the ``Replay:`` command of a failed property:
+        ``NAME=value`` (an environment variable) or a pytest option."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(_Hooks)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hypothesis-lockstep", "lockstep hypothesis across ranks")
-    g.addoption("--dtensor-impl", choices=("dtensor", "torch"),
-                default=os.environ.get(IMPL_ENV, "dtensor"),
-                help=f"DTensor implementation the properties run on (env {IMPL_ENV})")
     g.addoption("--lockstep-timeout", type=float, default=300.0,
                 help="seconds to wait for the other ranks' verdict on one example")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    impl = config.getoption("dtensor_impl")
-    os.environ[IMPL_ENV] = impl  # worlds launched by a plain pytest parent inherit it
-    mutant = os.environ.get(MUTANT_ENV)
-    if mutant:
-        import importlib.util
-
-        path = config.rootpath / "tools" / "mutants.py"
-        spec = importlib.util.spec_from_file_location("_dtensor_mutants", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        mod.apply(mutant)
     config.pluginmanager.register(_Lockstep(config), "hypothesis-lockstep")
-
-
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    mutant = os.environ.get(MUTANT_ENV)
-    return [f"hypothesis-lockstep: impl={config.getoption('dtensor_impl')}"
-            + (f", MUTANT={mutant}" if mutant else "")]
-
-
-@pytest.fixture
-def impl(request: pytest.FixtureRequest) -> Any:
-    """The DTensor implementation under test (``--dtensor-impl``)."""
-    from dtensor.testing.impl import get_impl
-
-    return get_impl(request.config.getoption("dtensor_impl"))
 
 
 # The lockstep wrapper ------------------------------------------------------------
@@ -303,18 +283,15 @@ class _Run:
         return "\n".join(lines)
 
     def replay_hint(self) -> str:
-        cmd = []
-        mutant = os.environ.get(MUTANT_ENV)
-        if mutant:
-            cmd.append(f"{MUTANT_ENV}={mutant}")
-        cmd += ["torchrun", f"--nproc_per_node={self.world}", "-m", "pytest",
-                "-p", "launch.hypothesis_lockstep", f"'{self.item.nodeid}'",
-                f"--hypothesis-profile={self.profile}"]
+        config = self.item.config
+        extra = [w for ws in config.hook.pytest_lockstep_replay_args(config=config) for w in ws]
+        env = [w for w in extra if "=" in w and not w.startswith("-")]
+        cmd = [*env, "torchrun", f"--nproc_per_node={self.world}", "-m", "pytest",
+               "-p", "launch.hypothesis_lockstep", f"'{self.item.nodeid}'",
+               f"--hypothesis-profile={self.profile}"]
         if self.seed is not None:
             cmd.append(f"--hypothesis-seed={self.seed}")
-        impl = self.item.config.getoption("dtensor_impl")
-        if impl != "dtensor":
-            cmd.append(f"--dtensor-impl={impl}")
+        cmd += [w for w in extra if w not in env]
         return "Replay: " + " ".join(cmd)
 
 
@@ -336,24 +313,6 @@ def _record_draws(v: Any, out: list[str]) -> None:
     v.draw = recording_draw
 
 
-_ERROR_LINE = re.compile(r"^E\s+([\w.]*(?:Error|Exception|Interrupt)): (.*)$")
-
-
-def _first_line(rep: Any) -> str:
-    """The most telling line of a report: the first error line, or the skip reason."""
-    if rep.skipped and isinstance(rep.longrepr, tuple):
-        return str(rep.longrepr[2]).removeprefix("Skipped: ")[:200]
-    text = getattr(rep, "longreprtext", "") or ""
-    for line in text.splitlines():
-        m = _ERROR_LINE.match(line.strip())
-        if m and not m.group(1).endswith(("RankFailure", "LockstepDivergence")):
-            return f"{m.group(1).split('.')[-1]}: {m.group(2)}"[:200]
-    for line in text.splitlines():
-        if "launch:" in line or "LockstepDivergence" in line:
-            return line.strip().removeprefix("E").strip()[:200]
-    return ""
-
-
 def _forced_seed() -> int | None:
     from hypothesis import core
 
@@ -370,40 +329,6 @@ class _Lockstep:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.calls: dict[str, int] = {}
-        self.hypothesis_ids: set[str] = set()
-
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-            if getattr(fn, "is_hypothesis_test", False) and item.get_closest_marker(
-                    "world_size"):
-                self.hypothesis_ids.add(item.nodeid)
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Per distributed property: pass / FAIL / skip for the implementation under test."""
-        rows = {}
-        for kind in ("passed", "failed", "skipped", "error"):
-            for rep in terminalreporter.stats.get(kind, []):
-                nodeid = getattr(rep, "nodeid", None)
-                if nodeid not in self.hypothesis_ids:
-                    continue
-                if kind == "passed" and rep.when != "call":
-                    continue
-                rows.setdefault(nodeid, (kind, _first_line(rep)))
-                if kind in ("failed", "error"):
-                    rows[nodeid] = (kind, _first_line(rep))
-        if not rows:
-            return
-        impl = self.config.getoption("dtensor_impl")
-        mutant = os.environ.get(MUTANT_ENV)
-        tr = terminalreporter
-        tr.write_sep("-", f"property summary: impl={impl}"
-                     + (f", mutant={mutant}" if mutant else ""))
-        for nodeid in sorted(rows):
-            kind, why = rows[nodeid]
-            mark = {"passed": "pass", "failed": "FAIL", "error": "FAIL"}.get(kind, "skip")
-            name = nodeid.split("/")[-1]
-            tr.write_line(f"{mark:4}  {name}" + (f"  -- {why}" if mark != "pass" else ""))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from launch import agree
-from launch.plugin import world_size_of
 from launch.rank import (
     LONG,
     RankCore,
@@ -29,6 +28,7 @@ from launch.rank import (
     init_process_group,
     redirect_terminal,
 )
+from launch.world import world_size_of
 
 STATUS_ENV = "LAUNCH_STATUS_FILE"  # set by `python -m launch`: exit 0, status here
 RUN_DIR_ENV = "LAUNCH_RUN_DIR"
@@ -66,7 +66,7 @@ class Lockstep:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.run_dir / f"rank{self.rank}.log", "a", buffering=1)
         print(f"===== attempt {self.attempt}, pid {os.getpid()} =====", file=self.log)
-        self.core = RankCore(config, store, side, self.log, self._on_fatal)
+        self.core = RankCore(config, store, side, self.log, self._on_fatal, prefix)
         if self.rank != 0:
             drop_junitxml(config)
 

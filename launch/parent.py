@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from launch.plugin import SERVER_ENV, world_size_of
+from launch.world import LOG_ENV, PREFIX_ENV, SERVER_ENV, world_size_of
 
 START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
 GRACE = 30.0  # seconds past a test's timeout before the parent kills its world
@@ -192,8 +192,8 @@ class Parent:
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        env.update({SERVER_ENV: f"127.0.0.1:{self.store.port}", "LAUNCH_PREFIX": prefix,
-                    "LAUNCH_LOG_DIR": str(self.log_dir), "OMP_NUM_THREADS": "1"})
+        env.update({SERVER_ENV: f"127.0.0.1:{self.store.port}", PREFIX_ENV: prefix,
+                    LOG_ENV: str(self.log_dir), "OMP_NUM_THREADS": "1"})
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                   "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS"):
             env.pop(k, None)
@@ -278,13 +278,13 @@ class Parent:
             terminalreporter.write_line(f"launch: worlds of {sizes} ranks; logs in {self.log_dir}")
 
     def world_for(self, n: int | None) -> Any:
-        from launch.plugin import World
+        from launch.world import World
 
         return World(0, 1, (0,), None)
 
 
 def _timeout(item: pytest.Item, default: float) -> float:
-    from launch.plugin import timeout_of
+    from launch.world import timeout_of
 
     return timeout_of(item, default)
 

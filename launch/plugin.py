@@ -1,5 +1,10 @@
 """The pytest plugin: options, markers, the ``world`` fixture.
 
+Installed as a ``pytest11`` entry point (named ``launch.plugin``), so any
+repository gets it with ``pip install``; ``-p launch.plugin`` or
+``pytest_plugins = ["launch.plugin"]`` load it from a checkout (no double
+registration: pytest skips a plugin already known under that name).
+
 It stays cheap to import: ``torch`` and ``torch.distributed`` are imported
 inside hooks only. The work is done by one of three mode objects, picked in
 ``pytest_configure``:
@@ -10,62 +15,50 @@ inside hooks only. The work is done by one of three mode objects, picked in
   pytest launched; it runs the tests the parent sends.
 - parent (``launch.parent``): plain ``pytest``; ``world_size``-marked tests run
   in worlds launched through ``torch.distributed.run``, one per world size.
+
+The modes share ``launch.world`` (the ``World`` value, markers, env keys);
+none of them imports this module.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-SERVER_ENV = "LAUNCH_SERVER"  # host:port:prefix of the parent's store
+from launch.world import (
+    MARKERS,
+    SERVER_ENV,
+    World,
+    claim_timeouts,
+    timeout_of,
+    world_size_of,
+)
 
-
-@dataclass(frozen=True)
-class World:
-    """What a test sees of its world.
-
-    Args:
-        rank: this process's rank in the world (0 in a single process).
-        size: the test's world size (its ``world_size`` marker, else the world).
-        ranks: the global ranks running the test, ``tuple(range(size))``.
-        group: a process group of exactly ``ranks``; ``dist.group.WORLD`` when
-            they are the whole world; ``None`` without a process group.
-
-    Example::
-
-        @pytest.mark.world_size(2)
-        def test_sum(world):
-            t = torch.ones(1)
-            dist.all_reduce(t, group=world.group)
-            assert t.item() == world.size
-    """
-
-    rank: int
-    size: int
-    ranks: tuple[int, ...]
-    group: Any
+__all__ = ["SERVER_ENV", "World", "timeout_of", "world_size", "world_size_of"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("launch", "distributed test service (launch)")
     g.addoption("--dist-backend", default=None,
-                help="process group backend (default: nccl with enough GPUs, else gloo)")
+                help="process group backend (default: nccl with a GPU per local rank, else gloo)")
     g.addoption("--dist-timeout", type=float, default=120.0,
-                help="per-test hang watchdog in seconds (marker timeout(s) overrides)")
+                help="per-test hang watchdog in seconds (marker dist_timeout(s) overrides)")
     g.addoption("--dist-seed", type=int, default=0,
                 help="seed set on every rank before every distributed test")
     g.addoption("--dist-log-dir", default=None,
                 help="folder for per-rank logs (default: <rootdir>/.launch-logs)")
+    g.addoption("--dist-start-after", default=None, metavar="NODEID",
+                help="deselect the collected tests up to and including NODEID "
+                     "(resumes a run that a hang or a dead rank stopped)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "world_size(n): run this test on a world of n ranks")
-    config.addinivalue_line(
-        "markers", "timeout(seconds): per-test hang watchdog for distributed tests")
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if not config.pluginmanager.has_plugin("timeout"):
+        config.addinivalue_line(
+            "markers", "timeout(seconds): deprecated alias of dist_timeout(seconds)")
     if os.environ.get(SERVER_ENV):
         from launch.server import Server
 
@@ -95,32 +88,50 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
         config, "workerinput")
 
 
-def world_size_of(item: pytest.Item) -> int | None:
-    """The ``world_size`` marker's n, or None for an unmarked test."""
-    m = item.get_closest_marker("world_size")
-    if m is None:
-        return None
-    n = m.args[0] if m.args else m.kwargs.get("n")
-    if not isinstance(n, int) or n < 1:
-        raise pytest.UsageError(
-            f"{item.nodeid}: world_size marker needs a positive int, got {n!r}; "
-            "write @pytest.mark.world_size(2)")
-    return n
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    after = config.getoption("dist_start_after")
+    if after:
+        ids = [i.nodeid for i in items]
+        if after not in ids:
+            raise pytest.UsageError(f"--dist-start-after: {after} was not collected; "
+                                    "pass the test id the report printed, with the same paths")
+        k = ids.index(after) + 1
+        config.hook.pytest_deselected(items=items[:k])
+        items[:] = items[k:]
+    mode = config.pluginmanager.get_plugin("launch-mode")
+    everywhere = mode is not None and type(mode).__name__ != "Parent"
+    claim_timeouts(config, items, lambda it: everywhere or world_size_of(it) is not None)
+    if any(it.get_closest_marker("cuda") for it in items):
+        why = _no_cuda_reason(everywhere)
+        if why:
+            for it in items:
+                if it.get_closest_marker("cuda"):
+                    it.add_marker(pytest.mark.skip(reason=why))
 
 
-def timeout_of(item: pytest.Item, default: float) -> float:
-    """The ``timeout`` marker's seconds, else ``default``."""
-    m = item.get_closest_marker("timeout")
-    if m is None:
-        return default
-    return float(m.args[0] if m.args else m.kwargs["seconds"])
+def _no_cuda_reason(ranks_here: bool) -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs CUDA (marked cuda): torch.cuda.is_available() is False on this host"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if ranks_here else 1
+    have = torch.cuda.device_count()
+    if have < local:
+        return f"needs one CUDA device per local rank: {local} ranks here, {have} devices"
+    return None
 
 
 @pytest.fixture
 def world(request: pytest.FixtureRequest) -> World:
-    """This rank's view of the test's world (see ``World``)."""
+    """This rank's view of the test's world (see ``launch.world.World``)."""
     mode = request.config.pluginmanager.get_plugin("launch-mode")
     n = world_size_of(request.node) if isinstance(request.node, pytest.Item) else None
     if mode is None or not hasattr(mode, "world_for"):
         return World(0, 1, (0,), None)
     return mode.world_for(n)
+
+
+def world_size(n: int) -> pytest.MarkDecorator:
+    """``@world_size(2)`` is ``@pytest.mark.world_size(2)``."""
+    return pytest.mark.world_size(n)

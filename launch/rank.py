@@ -21,8 +21,9 @@ import torch.distributed as dist
 from _pytest.runner import runtestprotocol
 
 from launch import agree
-from launch.plugin import World, timeout_of
+from launch.subworld import SubWorld, create
 from launch.watchdog import Watchdog
+from launch.world import World, timeout_of
 
 LONG = timedelta(hours=24)  # store waits; the watchdog bounds them
 
@@ -95,15 +96,15 @@ class RankCore:
     """One rank: its stores, log, watchdog and per-test agreement."""
 
     def __init__(self, config: pytest.Config, store: Any, side_store: Any,
-                 log: Any, on_fatal: Any) -> None:
+                 log: Any, on_fatal: Any, prefix: str = "launch/") -> None:
         self.config = config
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.store, self.log = store, log
         self.seed = config.getoption("dist_seed")
         self.default_timeout = config.getoption("dist_timeout")
         self.watchdog = Watchdog(self.rank, self.size, side_store, log, on_fatal)
-        self._groups: dict[tuple[int, ...], Any] = {}
-        self.current: int | None = None  # world size of the running test
+        self.prefix = prefix  # keeps sub-worlds' store keys apart per attempt
+        self._subworlds: dict[int, SubWorld] = {}
 
     def start(self) -> None:
         import faulthandler
@@ -125,17 +126,17 @@ class RankCore:
             torch.default_generator.manual_seed(self.seed)
 
     def world_for(self, n: int | None) -> World:
+        """The test's world, as the test sees it (inside a sub-world, its own)."""
+        if not dist.is_initialized():
+            return World(0, 1, (0,), None)
         size = dist.get_world_size()
-        n = n or size
-        ranks = tuple(range(n))
-        if n == size:
-            group = dist.group.WORLD
-        elif ranks in self._groups:
-            group = self._groups[ranks]
-        else:
-            # NOTE: members only; non-members never call new_group.
-            group = self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
-        return World(self.rank, n, ranks, group)
+        return World(dist.get_rank(), size, tuple(range(size)), dist.group.WORLD)
+
+    def _subworld(self, n: int) -> SubWorld:
+        sub = self._subworlds.get(n)
+        if sub is None:
+            sub = self._subworlds[n] = create(n, self.prefix)
+        return sub
 
     def run(self, item: pytest.Item | None, nodeid: str, nextitem: pytest.Item | None,
             key: str, n: int, publish: Any = None) -> list[Any]:
@@ -149,6 +150,18 @@ class RankCore:
         reports: list[Any] = []
         if item is None:
             mine = agree.missing_verdict(self.rank, nodeid)
+        elif member and n < self.size:
+            self._seed()
+            try:
+                sub = self._subworld(n)
+            except Exception as e:
+                item.session._setupstate.teardown_exact(nextitem)
+                mine = agree.error_verdict("setup", f"launch: could not make the {n}-rank "
+                                           f"sub-world on rank {self.rank}: {e!r}")
+            else:
+                with sub.entered():
+                    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+                mine = agree.verdict(reports)
         elif member:
             self._seed()
             reports = runtestprotocol(item, nextitem=nextitem, log=False)

@@ -24,7 +24,6 @@ import pytest
 import torch.distributed as dist
 
 from launch import agree
-from launch.plugin import SERVER_ENV
 from launch.rank import (
     LONG,
     RankCore,
@@ -33,9 +32,7 @@ from launch.rank import (
     redirect_terminal,
     store_client,
 )
-
-PREFIX_ENV = "LAUNCH_PREFIX"
-LOG_ENV = "LAUNCH_LOG_DIR"
+from launch.world import LOG_ENV, PREFIX_ENV, SERVER_ENV
 
 
 class Server:
