@@ -1,0 +1,320 @@
+"""Saving and loading DTensors: ``torch.save``/``torch.load`` and distributed checkpoints.
+
+Two ways to persist DTensors:
+
+1. ``torch.save(dt, f)`` / ``torch.load(f)`` (``weights_only=True``, the
+   default, works): each rank saves and loads its own block. A DTensor pickles
+   as (local block, mesh ranks, placements, global shape), rebuilt by one
+   allowlisted function, ``dtensor.checkpoint.rebuild_dtensor``. Load in a
+   world of the same size as the one that saved; the loading rank's block is
+   the one it saved.
+
+2. ``torch.distributed.checkpoint`` (DCP), with **resharding**: save a state
+   dict of DTensors on one mesh and layout, load it into DTensors on another
+   mesh or layout (another number of ranks, uneven shards included). DTensor
+   implements DCP's tensor-subclass protocol (``__create_write_items__``,
+   ``__create_chunk_list__``, ``__get_tensor_shard__``), so plain
+   ``dcp.save(sd, checkpoint_id=path)`` / ``dcp.load(sd, checkpoint_id=path)``
+   work when every rank of the world calls them (ranks outside a DTensor's mesh
+   write and read nothing for it). ``save``/``load`` below do the same but run
+   DCP over only the ranks of the state dict's meshes, so a checkpoint of a
+   sub-mesh never needs the other ranks.
+
+Example (save on 4 ranks as Shard(0), resume on 2 ranks replicated)::
+
+    import dtensor.checkpoint as ckpt
+    mesh4 = init_device_mesh("cpu", (4,))
+    ckpt.save({"w": distribute_tensor(w, mesh4, [Shard(0)]), "step": 7}, path)
+
+    mesh2 = DeviceMesh("cpu", [0, 1])              # ranks 2, 3 need not call
+    sd = {"w": distribute_tensor(torch.empty_like(w), mesh2, [Replicate()]),
+          "step": 0}
+    ckpt.load(sd, path)                            # fills sd["w"] in place
+    sd["step"]                                     # 7 (non-tensors are replaced)
+
+To load, build the state dict you want (the target meshes and placements,
+any values, e.g. ``model.state_dict()`` of a freshly parallelised model) and
+pass it to ``load``: DTensor blocks are overwritten in place, so the model's
+parameters hold the checkpoint afterwards; other values are replaced in the
+dict. Saved ``Partial`` DTensors are refused (reduce them first), as in torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from dtensor import _comm
+from dtensor.errors import PlacementError, ShardingError
+from dtensor.mesh import DeviceMesh
+from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.spec import DTensorSpec, TensorMeta
+
+__all__ = [
+    "load",
+    "object_collectives_without_numpy",
+    "process_group_for",
+    "rebuild_dtensor",
+    "save",
+]
+
+
+# torch.save / torch.load -----------------------------------------------------
+def _encode_placement(p: Placement) -> tuple:
+    if isinstance(p, Shard):
+        return ("S", p.dim)
+    if isinstance(p, Partial):
+        return ("P", p.reduce_op)
+    return ("R",)
+
+
+def _decode_placement(code: tuple) -> Placement:
+    kind = code[0]
+    if kind == "S":
+        return Shard(int(code[1]))
+    if kind == "P":
+        return Partial(str(code[1]))
+    if kind == "R":
+        return Replicate()
+    raise ShardingError(f"rebuild_dtensor: unknown placement code {code!r} in the file")
+
+
+def reduce_dtensor(dt) -> tuple:
+    """``__reduce_ex__`` of a DTensor: only primitives, tensors and dtypes.
+
+    So ``torch.load(weights_only=True)`` needs nothing allowlisted but
+    ``rebuild_dtensor`` (no mesh, spec or placement classes).
+    """
+    spec = dt._spec
+    mesh = spec.mesh
+    args = (
+        dt._local_tensor.detach(),
+        mesh.device_type,
+        tuple(mesh.ranks),
+        tuple(mesh.shape),
+        tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+        tuple(_encode_placement(p) for p in spec.placements),
+        tuple(spec.shape),
+        tuple(spec.stride),
+        bool(dt.requires_grad),
+    )
+    return rebuild_dtensor, args
+
+
+def rebuild_dtensor(
+    local, device_type, ranks, mesh_shape, mesh_dim_names, placements, shape, stride,
+    requires_grad,
+):
+    """Rebuild a pickled DTensor in this process (its mesh over the same ranks).
+
+    The mesh is rebuilt by its ranks; a rank outside it gets an empty block,
+    as for any DTensor.
+    """
+    from dtensor.tensor import DTensor, _empty_local
+
+    grid = torch.tensor(list(ranks), dtype=torch.int64).reshape(tuple(mesh_shape))
+    mesh = DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+    meta = TensorMeta(tuple(shape), tuple(stride), local.dtype)
+    spec = DTensorSpec(mesh, tuple(_decode_placement(p) for p in placements), meta)
+    if mesh.get_coordinate() is None:
+        local = _empty_local(spec, local.device)
+    out = DTensor(local, spec)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+torch.serialization.add_safe_globals([rebuild_dtensor])
+
+
+# The DCP tensor-subclass protocol --------------------------------------------
+def _refuse_partial(dt, what: str) -> None:
+    spec = dt._spec
+    if spec.has_partial():
+        raise PlacementError(
+            f"{what}: cannot checkpoint a DTensor with Partial placements "
+            f"{spec}; reduce it first, e.g. dt.redistribute(mesh, "
+            "[Replicate() if p.is_partial() else p for p in dt.placements])"
+        )
+
+
+def _chunk(dt):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    sizes, offsets = dt._spec.local_block(dt._spec.mesh.get_coordinate())
+    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+
+
+def _holds_data(dt) -> bool:
+    # Outsiders hold nothing; an empty trailing shard (uneven) adds nothing
+    # either, and DCP treats chunks as non-empty boxes.
+    if dt._spec.mesh.get_coordinate() is None:
+        return False
+    sizes, _ = dt._spec.local_block(dt._spec.mesh.get_coordinate())
+    return all(s > 0 for s in sizes) or len(sizes) == 0
+
+
+def create_write_items(dt, fqn: str) -> list:
+    """DCP: one write item for this rank's block (none outside the mesh).
+
+    Replicas produce the same item (same offsets); DCP keeps one of them.
+    """
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import (
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    _refuse_partial(dt, f"checkpoint save of {fqn!r}")
+    if not _holds_data(dt):
+        return []
+    chunk = _chunk(dt)
+    return [
+        WriteItem(
+            index=MetadataIndex(fqn, chunk.offsets),
+            type=WriteItemType.SHARD,
+            tensor_data=TensorWriteData(
+                chunk=chunk,
+                properties=TensorProperties.create_from_tensor(dt._local_tensor),
+                size=torch.Size(dt._spec.shape),
+            ),
+        )
+    ]
+
+
+def create_chunk_list(dt) -> list:
+    """DCP: the global boxes this rank's block covers (none outside the mesh)."""
+    _refuse_partial(dt, "checkpoint load")
+    return [_chunk(dt)] if _holds_data(dt) else []
+
+
+def get_tensor_shard(dt, index) -> torch.Tensor:
+    """DCP: the local tensor that holds the box at ``index`` (written in place on load)."""
+    _refuse_partial(dt, f"checkpoint of {index.fqn!r}")
+    return dt._local_tensor
+
+
+# save / load over the state dict's ranks ---------------------------------------
+def _dtensors(obj: Any, name: str = ""):
+    """(key path, DTensor) for every DTensor in a nested state dict."""
+    from dtensor.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        yield name, obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _dtensors(v, f"{name}.{k}" if name else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _dtensors(v, f"{name}.{i}" if name else str(i))
+    elif hasattr(obj, "state_dict") and callable(obj.state_dict):
+        yield from _dtensors(obj.state_dict(), name)
+
+
+def process_group_for(state_dict: Mapping) -> tuple[bool, Any]:
+    """(does this rank take part, process group) for checkpointing ``state_dict``.
+
+    The group spans the union of the ranks of every DTensor's mesh in the
+    state dict (the world when there is no DTensor). Ranks outside that union
+    do not take part.
+    """
+    meshes = {dt._spec.mesh: None for _, dt in _dtensors(state_dict)}
+    if not _comm.is_initialized():
+        return True, None
+    if not meshes:
+        return True, None
+    ranks = sorted({r for m in meshes for r in m.ranks})
+    if _comm.get_rank() not in ranks:
+        return False, None
+    if ranks == list(range(_comm.get_world_size())):
+        return True, None
+    return True, _comm.group_for(ranks)
+
+
+def _tensor_to_object(tensor, tensor_size, group):
+    # Same as torch's, but reads the bytes without numpy.
+    import torch.distributed.distributed_c10d as c10d
+
+    t = tensor.cpu().contiguous()
+    buf = ctypes.string_at(t.data_ptr(), min(int(tensor_size), t.numel()))
+    return c10d._unpickler(io.BytesIO(buf)).load()
+
+
+@contextlib.contextmanager
+def object_collectives_without_numpy() -> Iterator[None]:
+    """Let torch's object collectives (which DCP uses) run where numpy is missing.
+
+    torch decodes every received object through ``Tensor.numpy()``; without
+    numpy, DCP fails on its first plan exchange. Inside this block (entered by
+    ``save``/``load``), received bytes are read directly instead. A no-op when
+    numpy is installed.
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        import numpy  # noqa: F401
+
+        yield
+        return
+    except ImportError:
+        pass
+    # NOTE: patches a module global for the duration of the block; DCP calls
+    # from other threads at the same time see it too (it is equivalent).
+    saved = c10d._tensor_to_object
+    c10d._tensor_to_object = _tensor_to_object
+    try:
+        yield
+    finally:
+        c10d._tensor_to_object = saved
+
+
+def save(state_dict: Mapping, checkpoint_id: str | os.PathLike, **dcp_kwargs) -> None:
+    """Write ``state_dict`` (DTensors, tensors, Python values) as a DCP checkpoint.
+
+    Every rank of the state dict's meshes must call it; other ranks may call
+    it too and return at once. Extra keyword arguments go to
+    ``torch.distributed.checkpoint.save`` (``storage_writer``, ``planner``).
+
+    Example:
+        >>> dtensor.checkpoint.save(model.state_dict(), "/ckpt/step100")
+    """
+    import torch.distributed.checkpoint as dcp
+
+    # Checked before DCP runs, so every rank raises this error itself (DCP
+    # would wrap it in a CheckpointException).
+    for fqn, dt in _dtensors(state_dict):
+        _refuse_partial(dt, f"dtensor.checkpoint.save of {fqn!r}")
+    member, group = process_group_for(state_dict)
+    if not member:
+        return
+    with object_collectives_without_numpy():
+        dcp.save(state_dict, checkpoint_id=checkpoint_id, process_group=group, **dcp_kwargs)
+
+
+def load(state_dict: dict, checkpoint_id: str | os.PathLike, **dcp_kwargs) -> None:
+    """Fill ``state_dict`` from a DCP checkpoint, resharding to its DTensors' layouts.
+
+    DTensors (and plain tensors) are written in place, so a model whose
+    ``state_dict()`` was passed holds the checkpoint afterwards; other values
+    are replaced in ``state_dict``. The checkpoint may have been saved on
+    another mesh, number of ranks or placements. Every rank of the state
+    dict's meshes must call it; other ranks return at once.
+
+    Example:
+        >>> sd = model.state_dict()
+        >>> dtensor.checkpoint.load(sd, "/ckpt/step100")
+    """
+    import torch.distributed.checkpoint as dcp
+
+    for fqn, dt in _dtensors(state_dict):
+        _refuse_partial(dt, f"dtensor.checkpoint.load into {fqn!r}")
+    member, group = process_group_for(state_dict)
+    if not member:
+        return
+    with object_collectives_without_numpy():
+        dcp.load(state_dict, checkpoint_id=checkpoint_id, process_group=group, **dcp_kwargs)

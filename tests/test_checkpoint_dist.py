@@ -1,0 +1,189 @@
+"""Covers: dtensor/checkpoint.py (DCP save/load with resharding) on Gloo worlds.
+
+Every test saves and loads inside one world (a shared directory made by the
+test's first rank and sent to the others), so it runs the same under plain
+``pytest`` and under ``torchrun -m pytest``. Loads on fewer ranks use a
+sub-mesh: the other ranks do not take part.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import dtensor.checkpoint as ckpt
+from dtensor import (
+    DeviceMesh,
+    Partial,
+    PlacementError,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
+
+W2 = pytest.mark.world_size(2)
+W4 = pytest.mark.world_size(4)
+
+# Even, uneven in one dim, uneven in both, 1-D with an empty trailing shard.
+SHAPES = {"even": (8, 6), "uneven": (7, 5), "odd2d": (5, 3), "vec": (3,)}
+
+
+@contextmanager
+def shared_dir(world):
+    """A directory every rank of the test sees (rank 0 makes it, then removes it)."""
+    buf = torch.zeros(512, dtype=torch.uint8)
+    if world.rank == 0:
+        made = tempfile.mkdtemp(prefix="dtensor-ckpt-").encode()
+        buf[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
+    dist.broadcast(buf, group=world.group, group_src=0)
+    path = bytes(buf[buf != 0].tolist()).decode()
+    try:
+        with ckpt.object_collectives_without_numpy():  # for plain dcp.save/load
+            yield path
+    finally:
+        dist.barrier(group=world.group)
+        if world.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    # Distinct values everywhere, so a misplaced block cannot compare equal.
+    return {
+        k: torch.arange(1, 1 + torch.Size(s).numel(), dtype=torch.float32).reshape(s)
+        * (i + 1)
+        for i, (k, s) in enumerate(SHAPES.items())
+    }
+
+
+def _blank(mesh: DeviceMesh, placements_for) -> dict:
+    return {
+        k: distribute_tensor(torch.full(s, -1.0), mesh, placements_for(len(s)))
+        for k, s in SHAPES.items()
+    }
+
+
+def _check_every_element(sd: dict, ref: dict) -> None:
+    for k, want in ref.items():
+        got = sd[k]
+        if got.device_mesh.get_coordinate() is None:
+            continue
+        assert torch.equal(got.full_tensor(), want), k
+
+
+def _save_4_shard0(path: str) -> dict:
+    ref = _reference()
+    mesh4 = DeviceMesh("cpu", [0, 1, 2, 3])
+    sd = {k: distribute_tensor(v, mesh4, [Shard(0)]) for k, v in ref.items()}
+    sd["step"] = 7
+    ckpt.save(sd, path)
+    return ref
+
+
+@W4
+def test_save_4_ranks_shard0_load_2_ranks_replicated(world) -> None:
+    with shared_dir(world) as path:
+        ref = _save_4_shard0(path)
+        mesh2 = DeviceMesh("cpu", [0, 1])
+        sd = _blank(mesh2, lambda nd: [Replicate()])
+        sd["step"] = 0
+        ckpt.load(sd, path)  # ranks 2 and 3 return at once
+        if world.rank in (0, 1):
+            _check_every_element(sd, ref)
+            assert sd["step"] == 7
+            for k in SHAPES:  # every element is on this rank, not just gathered
+                assert torch.equal(sd[k].to_local(), ref[k])
+
+
+@W4
+def test_save_4_ranks_shard0_load_2x2_mesh_shard0_shard1(world) -> None:
+    with shared_dir(world) as path:
+        ref = _save_4_shard0(path)
+        mesh22 = DeviceMesh("cpu", [[0, 1], [2, 3]])
+        sd = _blank(mesh22, lambda nd: [Shard(0), Shard(1)] if nd == 2 else [Shard(0), Shard(0)])
+        ckpt.load(sd, path)
+        _check_every_element(sd, ref)
+        for k in SHAPES:  # this rank's block is its own piece of the reference
+            size, offset = sd[k]._spec.local_block(mesh22.get_coordinate())
+            want = ref[k]
+            for d, (o, n) in enumerate(zip(offset, size, strict=True)):
+                want = want.narrow(d, o, n)
+            assert torch.equal(sd[k].to_local(), want), k
+
+
+@W4
+def test_plain_dcp_over_the_world_with_a_sub_mesh_and_an_outsider(world) -> None:
+    # dcp.save/load called by every rank of the world; rank 0 is outside the
+    # mesh and writes and reads nothing for it.
+    ref = _reference()
+    with shared_dir(world) as path:
+        mesh3 = DeviceMesh("cpu", [1, 2, 3])
+        sd = {k: distribute_tensor(v, mesh3, [Shard(0)]) for k, v in ref.items()}
+        dcp.save(sd, checkpoint_id=path, process_group=world.group)
+        mesh4 = DeviceMesh("cpu", [3, 2, 1, 0])
+        back = _blank(mesh4, lambda nd: [Shard(nd - 1)])
+        dcp.load(back, checkpoint_id=path, process_group=world.group)
+        _check_every_element(back, ref)
+
+
+@W4
+def test_sub_mesh_checkpoint_needs_only_its_ranks(world) -> None:
+    # Saved by ranks 2, 3 only, loaded by ranks 0, 1 only: ckpt.save/load
+    # run DCP over the meshes' ranks, so each pair runs alone.
+    ref = _reference()
+    with shared_dir(world) as path:
+        if world.rank in (2, 3):
+            mesh = DeviceMesh("cpu", [2, 3])
+            ckpt.save({k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in ref.items()}, path)
+        dist.barrier(group=world.group)
+        if world.rank in (0, 1):
+            mesh = DeviceMesh("cpu", [1, 0])
+            sd = _blank(mesh, lambda nd: [Shard(nd - 1)])
+            ckpt.load(sd, path)
+            _check_every_element(sd, ref)
+
+
+@W2
+def test_module_state_dict_round_trip_resumes_parameters(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    torch.manual_seed(0)
+    src = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        src.weight.copy_(torch.arange(15.0).reshape(3, 5))
+    dst = torch.nn.Linear(5, 3)
+    for mod, pl in ((src, [Shard(0)]), (dst, [Shard(1)])):
+        for name, p in list(mod.named_parameters()):
+            layout = pl if p.ndim == 2 else [Replicate()]
+            setattr(mod, name, torch.nn.Parameter(distribute_tensor(p.detach(), mesh, layout)))
+    with shared_dir(world) as path:
+        ckpt.save(src.state_dict(), path)
+        ckpt.load(dst.state_dict(), path)  # in place: the parameters change
+    assert torch.equal(dst.weight.full_tensor(), src.weight.full_tensor())
+    assert torch.equal(dst.bias.full_tensor(), src.bias.full_tensor())
+    assert dst.weight.placements == (Shard(1),)
+
+
+@W2
+def test_partial_is_refused_on_every_rank_as_a_value_error(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    p = distribute_tensor(torch.ones(4), mesh, [Partial()])
+    with shared_dir(world) as path:
+        with pytest.raises(ValueError, match="Partial"):
+            ckpt.save({"p": p}, path)
+        with pytest.raises(PlacementError, match="reduce it first"):
+            ckpt.load({"p": p}, path)
+
+
+@W2
+def test_shape_mismatch_on_load_fails_on_every_rank(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    with shared_dir(world) as path:
+        ckpt.save({"w": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])}, path)
+        wrong = {"w": distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])}
+        with pytest.raises(dcp.api.CheckpointException, match="Size mismatch"):
+            ckpt.load(wrong, path)
