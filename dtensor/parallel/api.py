@@ -1,0 +1,118 @@
+"""``parallelize_module``: apply a plan of parallel styles to a module tree.
+
+The whole plan is resolved and checked before any parameter moves, so a
+wrong entry (a name matching no submodule, a style on a module type it cannot
+shard) raises the same error on every rank before any communication.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from fnmatch import fnmatch
+
+from torch import nn
+
+from dtensor.mesh import DeviceMesh
+from dtensor.parallel.errors import PlanError
+from dtensor.parallel.style import ParallelStyle
+from dtensor.tensor import _resolve_mesh
+
+__all__ = ["parallelize_module"]
+
+
+def parallelize_module(
+    module: nn.Module,
+    device_mesh: DeviceMesh | None = None,
+    parallelize_plan: ParallelStyle | dict[str, ParallelStyle] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> nn.Module:
+    """Parallelize ``module`` (in place) over a 1-D mesh by a plan.
+
+    Args:
+        module: the module to parallelize.
+        device_mesh: a 1-D mesh (slice an N-D one: ``mesh["tp"]``); default the
+            current mesh.
+        parallelize_plan: a ``ParallelStyle`` for ``module`` itself, or a dict
+            from submodule paths to styles. Path components may be
+            ``fnmatch`` patterns (``"layers.*.attention.wq"``); ``""`` is the
+            module itself.
+        src_data_rank: where parameter values come from (mesh index 0: the
+            single-device values; ``None``: every rank's own).
+
+    Raises:
+        PlanError: a path matches no submodule, the mesh is not 1-D, or the
+            plan is malformed. ``UnsupportedModuleError``: a style on a module
+            type it cannot shard. Both before any communication.
+
+    Example:
+        >>> parallelize_module(model, mesh["tp"], {
+        ...     "layers.*.mlp.w1": ColwiseParallel(),
+        ...     "layers.*.mlp.w2": RowwiseParallel(),
+        ... })
+    """
+    mesh = _resolve_mesh(device_mesh, "parallelize_module")
+    if mesh.ndim != 1:
+        raise PlanError(
+            f"parallelize_module: expected a 1-D mesh, got {mesh}. Pass the "
+            "tensor-parallel axis, e.g. mesh['tp'], and handle the other axes "
+            "(data parallel) separately."
+        )
+    if parallelize_plan is None:
+        warnings.warn(
+            "parallelize_module: no parallelize_plan given; the module is unchanged",
+            stacklevel=2,
+        )
+        return module
+    targets = _resolve(module, parallelize_plan)
+    for fqn, sub, style in targets:
+        style._check(sub, fqn)
+    for _fqn, sub, style in targets:
+        # A copy, so a style object shared by several entries or plans keeps its own
+        # src_data_rank (torch sets it on the caller's object).
+        style = copy.copy(style)
+        style.src_data_rank = src_data_rank
+        style._apply(sub, mesh)
+    return module
+
+
+def _resolve(module: nn.Module, plan) -> list[tuple[str, nn.Module, ParallelStyle]]:
+    """Every (path, submodule, style) the plan names, in plan order."""
+    if isinstance(plan, ParallelStyle):
+        return [("", module, plan)]
+    if not isinstance(plan, dict):
+        raise PlanError(
+            "parallelize_module: expected a ParallelStyle or a dict of module paths "
+            f"to ParallelStyles as parallelize_plan, got {type(plan).__name__}"
+        )
+    out = []
+    for path, style in plan.items():
+        if not isinstance(path, str) or not isinstance(style, ParallelStyle):
+            raise PlanError(
+                "parallelize_module: each plan entry must map a module path (str) to a "
+                f"ParallelStyle, got {path!r}: {style!r}"
+            )
+        out += [(fqn, sub, style) for fqn, sub in _match(module, path)]
+    return out
+
+
+def _match(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
+    if path == "":
+        return [("", module)]
+    found = [("", module)]
+    for depth, token in enumerate(path.split(".")):
+        nxt = []
+        for prefix, mod in found:
+            nxt += [(f"{prefix}.{name}" if prefix else name, child)
+                    for name, child in mod.named_children() if fnmatch(name, token)]
+        if not nxt:
+            seen = sorted({name for _, mod in found for name, _ in mod.named_children()})
+            where = ".".join(path.split(".")[:depth]) or "the root module"
+            raise PlanError(
+                f"parallelize_module: plan key {path!r} matches no submodule: no child "
+                f"of {where!r} matches {token!r} (children: {seen or 'none'}). Fix the "
+                "key; print(model) shows the module names."
+            )
+        found = nxt
+    return found

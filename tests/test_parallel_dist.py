@@ -1,0 +1,412 @@
+"""Covers: dtensor/parallel/ (parallelize_module, the styles, PrepareModule*,
+loss_parallel, plan errors) on 2- and 4-rank Gloo worlds: every parallelized
+module computes what the single-device module computes, forward and backward,
+with the collectives the style promises and no others."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from dtensor.debug import CommCounter
+from dtensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PlanError,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    UnsupportedModuleError,
+    loss_parallel,
+    parallelize_module,
+)
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+WORLDS = pytest.mark.parametrize(
+    "n", [pytest.param(n, marks=pytest.mark.world_size(n), id=f"w{n}") for n in (2, 4)]
+)
+
+
+def _mesh(n: int) -> DeviceMesh:
+    return DeviceMesh("cpu", list(range(n)))
+
+
+def _grad(p) -> torch.Tensor:
+    g = p.grad
+    return g.full_tensor() if isinstance(g, DTensor) else g
+
+
+class MLP(nn.Module):
+    def __init__(self, d=8, h=12):
+        super().__init__()
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+# Column- then row-parallel -----------------------------------------------------
+@WORLDS
+def test_colwise_rowwise_mlp_matches_single_device(world, n) -> None:
+    torch.manual_seed(0)
+    ref = MLP()
+    model = parallelize_module(copy.deepcopy(ref), _mesh(n),
+                               {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    assert model.up.weight.placements == (Shard(0),) and model.up.bias.placements == (Shard(0),)
+    assert model.down.weight.placements == (Shard(1),)
+    assert model.down.bias.placements == (Replicate(),)
+    x = torch.randn(5, 8)
+    with CommCounter() as c:
+        out = model(x)
+    assert c.counts == {"all_reduce": 1}  # the row-parallel output, nothing else
+    assert not isinstance(out, DTensor)  # use_local_output=True
+    torch.testing.assert_close(out, ref(x), **TOL)
+    out.sum().backward()
+    ref(x).sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        torch.testing.assert_close(_grad(p), q.grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.world_size(2)
+def test_output_layouts_and_dtensor_outputs(world) -> None:
+    torch.manual_seed(1)
+    ref = MLP()
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh, {
+        "up": ColwiseParallel(output_layouts=Replicate(), use_local_output=False),
+        "down": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0),
+                                use_local_output=False),
+    })
+    h = model.up(torch.randn(4, 8))
+    assert isinstance(h, DTensor) and h.placements == (Replicate(),)
+    x = torch.randn(4, 8)
+    out = model(x)
+    assert isinstance(out, DTensor) and out.placements == (Shard(0),)
+    torch.testing.assert_close(out.full_tensor(), ref(x), **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_colwise_input_layouts_shard_gathers_the_input(world) -> None:
+    torch.manual_seed(2)
+    ref = nn.Linear(8, 6)
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh, ColwiseParallel(input_layouts=Shard(0)))
+    x = torch.randn(4, 8)
+    local_rows = x.chunk(2)[world.rank]
+    with CommCounter() as c:
+        out = model(local_rows)  # this rank's rows; gathered to Replicate first
+    assert c.counts == {"all_gather": 1}
+    torch.testing.assert_close(out, ref(x).chunk(2, dim=1)[world.rank], **TOL)
+
+
+# Embeddings ---------------------------------------------------------------------
+@WORLDS
+@pytest.mark.parametrize("vocab", [8, 7])  # 7: uneven rows (4 ranks: 2, 2, 2, 1)
+def test_rowwise_embedding_is_vocab_parallel(world, n, vocab) -> None:
+    torch.manual_seed(3)
+    ref = nn.Embedding(vocab, 6, padding_idx=vocab - 1)
+    mesh = _mesh(n)
+    model = parallelize_module(copy.deepcopy(ref), mesh, RowwiseParallel(input_layouts=Replicate()))
+    assert model.weight.placements == (Shard(0),)
+    ids = torch.randint(0, vocab, (3, 5))
+    ids[0, 0] = vocab - 1
+    with CommCounter() as c:
+        out = model(ids)
+    assert c.counts == {"all_reduce": 1}  # the partial rows summed; the table never moves
+    torch.testing.assert_close(out, ref(ids), **TOL)
+    w = torch.randn(3, 5, 6)
+    (out * w).sum().backward()
+    (ref(ids) * w).sum().backward()
+    assert model.weight.grad.placements == (Shard(0),)
+    torch.testing.assert_close(model.weight.grad.full_tensor(), ref.weight.grad, **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_rowwise_embedding_reduce_scatters_to_sequence_shards(world) -> None:
+    torch.manual_seed(4)
+    ref = nn.Embedding(10, 4)
+    model = parallelize_module(copy.deepcopy(ref), _mesh(2),
+                               RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)))
+    ids = torch.randint(0, 10, (2, 6))
+    torch.testing.assert_close(model(ids), ref(ids).chunk(2, dim=1)[world.rank], **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_colwise_embedding_shards_the_embedding_dim(world) -> None:
+    torch.manual_seed(5)
+    ref = nn.Embedding(10, 6)
+    model = parallelize_module(copy.deepcopy(ref), _mesh(2), ColwiseParallel())
+    assert model.weight.placements == (Shard(1),)
+    ids = torch.randint(0, 10, (2, 3))
+    torch.testing.assert_close(model(ids), ref(ids).chunk(2, dim=-1)[world.rank], **TOL)
+
+
+# Sequence parallel --------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm_module", "custom_rms_norm"])
+def test_sequence_parallel_norms(world, kind) -> None:
+    torch.manual_seed(6)
+    ref = {"layer_norm": lambda: nn.LayerNorm(8), "rms_norm_module": lambda: nn.RMSNorm(8),
+           "custom_rms_norm": lambda: RMSNorm(8)}[kind]()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh, SequenceParallel())
+    assert all(p.placements == (Replicate(),) for p in model.parameters())
+    x = torch.randn(2, 6, 8)
+    with CommCounter() as c:
+        out = model(x.chunk(2, dim=1)[world.rank])  # this rank's sequence block
+    assert c.total == 0
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),)
+    torch.testing.assert_close(out.full_tensor(), ref(x), **TOL)
+    w = torch.randn(2, 6, 8)
+    (out * distribute_tensor(w, mesh, [Shard(1)])).sum().backward()
+    (ref(x) * w).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(_grad(p), q.grad, **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_sequence_parallel_redistributes_a_dtensor_input(world) -> None:
+    ref = nn.LayerNorm(4)
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh,
+                               SequenceParallel(sequence_dim=0, use_local_output=True))
+    x = torch.randn(6, 4)
+    out = model(distribute_tensor(x, mesh, [Replicate()]))
+    torch.testing.assert_close(out, ref(x).chunk(2)[world.rank], **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_sequence_parallel_dropout_mask_is_the_single_device_mask(world) -> None:
+    import dtensor
+
+    mesh = _mesh(2)
+    model = parallelize_module(nn.Dropout(0.5), mesh, SequenceParallel())
+    x = torch.randn(2, 8, 4)
+    dtensor.random.manual_seed(7)
+    out = model(x.chunk(2, dim=1)[world.rank]).full_tensor()
+    dtensor.random.manual_seed(7)
+    want = dtensor.random.dropout(x, 0.5)
+    assert torch.equal(out, want)  # bit for bit
+
+
+# PrepareModuleInput / Output ----------------------------------------------------
+class Two(nn.Module):
+    def forward(self, a, b, *, c=None):
+        self.seen = (a, b, c)
+        return a, b
+
+
+@pytest.mark.world_size(2)
+def test_prepare_module_input_positional_and_keyword(world) -> None:
+    mesh = _mesh(2)
+    m = parallelize_module(Two(), mesh, PrepareModuleInput(
+        input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None),
+        input_kwarg_layouts={"c": Shard(1)}, desired_input_kwarg_layouts={"c": Replicate()}))
+    a, b, c = torch.randn(2, 3), torch.randn(5), torch.randn(4, 2)
+    m(a, b, c=c)
+    sa, sb, sc = m.seen
+    assert isinstance(sa, DTensor) and sa.placements == (Replicate(),)
+    assert sa.shape == (4, 3) and sb is b
+    assert isinstance(sc, DTensor) and sc.shape == (4, 4)
+    with pytest.raises(PlanError, match="expected 2 positional inputs"):
+        m(a)
+
+
+@pytest.mark.world_size(2)
+def test_prepare_module_output_and_input_output(world) -> None:
+    mesh = _mesh(2)
+    m = parallelize_module(Two(), mesh, PrepareModuleOutput(
+        output_layouts=(Replicate(), None), desired_output_layouts=(Shard(0), None)))
+    a, b = torch.arange(8.0).reshape(4, 2), torch.ones(1)
+    oa, ob = m(a, b)
+    torch.testing.assert_close(oa, a.chunk(2)[world.rank])  # use_local_output=True
+    assert ob is b
+    m2 = parallelize_module(nn.Identity(), mesh, PrepareModuleInputOutput(
+        input_layouts=Shard(0), desired_input_layouts=Replicate(), use_local_input=True,
+        output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=False))
+    x = torch.arange(12.0).reshape(2, 6) + world.rank
+    out = m2(x)  # gathered rows (a plain tensor inside), then taken as replicated, cut by cols
+    full = torch.cat([torch.arange(12.0).reshape(2, 6), torch.arange(12.0).reshape(2, 6) + 1])
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),)
+    torch.testing.assert_close(out.full_tensor(), full)
+
+
+def test_prepare_module_bad_arguments() -> None:
+    with pytest.raises(PlanError, match="as many desired layouts"):
+        PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(),))
+    with pytest.raises(PlanError, match="same keywords"):
+        PrepareModuleInput(input_kwarg_layouts={"a": Shard(0)}, desired_input_kwarg_layouts={})
+    with pytest.raises(PlanError, match="expected a Placement"):
+        PrepareModuleOutput(output_layouts="S(0)", desired_output_layouts=Replicate())
+    with pytest.raises(PlanError, match="expected a Placement"):
+        ColwiseParallel(input_layouts=[Shard(0)])
+    with pytest.raises(PlanError, match="sequence_dim"):
+        SequenceParallel(sequence_dim="1")
+
+
+# Plans: paths, wildcards, errors --------------------------------------------------
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([MLP(), MLP()])
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.world_size(2)
+def test_wildcard_plan_matches_single_device(world) -> None:
+    torch.manual_seed(8)
+    ref = Stack()
+    model = parallelize_module(copy.deepcopy(ref), _mesh(2), {
+        "layers.*.up": ColwiseParallel(), "layers.*.down": RowwiseParallel(),
+    })
+    assert all(model.layers[i].up.weight.placements == (Shard(0),) for i in range(2))
+    assert isinstance(model.head.weight, nn.Parameter) and not isinstance(model.head.weight, DTensor)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x), ref(x), **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_src_data_rank_none_keeps_local_values(world) -> None:
+    mesh = _mesh(2)
+    lin = nn.Linear(4, 4)
+    with torch.no_grad():
+        lin.weight.fill_(float(world.rank))
+    parallelize_module(lin, mesh, ColwiseParallel(), src_data_rank=None)
+    assert torch.all(lin.weight.to_local() == world.rank)
+    lin2 = nn.Linear(4, 4)
+    with torch.no_grad():
+        lin2.weight.fill_(float(world.rank))
+    parallelize_module(lin2, mesh, ColwiseParallel())  # default: rank 0's values
+    assert torch.all(lin2.weight.to_local() == 0)
+
+
+@pytest.mark.world_size(2)
+def test_plan_errors_raise_on_every_rank_before_any_communication(world) -> None:
+    mesh = _mesh(2)
+    model = Stack()
+    with CommCounter() as c, pytest.raises(PlanError, match=r"'layers.\*.nope'.*children: \['down', 'up'\]"):
+        parallelize_module(model, mesh, {"layers.*.up": ColwiseParallel(),
+                                         "layers.*.nope": RowwiseParallel()})
+    assert c.total == 0 and not isinstance(model.layers[0].up.weight, DTensor)
+    with pytest.raises(UnsupportedModuleError, match=r"expected nn\.Linear or nn\.Embedding, got MLP") as e:
+        parallelize_module(model, mesh, {"layers.0": ColwiseParallel()})
+    assert isinstance(e.value, ValueError) and isinstance(e.value, NotImplementedError)
+    with pytest.raises(UnsupportedModuleError, match="RowwiseParallel"):
+        parallelize_module(nn.LayerNorm(4), mesh, RowwiseParallel())
+    with pytest.raises(UnsupportedModuleError, match="max_norm"):
+        parallelize_module(nn.Embedding(4, 4, max_norm=1.0), mesh, RowwiseParallel())
+    with pytest.raises(PlanError, match="expected a ParallelStyle or a dict"):
+        parallelize_module(model, mesh, [ColwiseParallel()])
+    with pytest.raises(PlanError, match="must map a module path"):
+        parallelize_module(model, mesh, {"head": "colwise"})
+    with pytest.raises(PlanError, match="expected a 1-D mesh"):
+        parallelize_module(model, DeviceMesh("cpu", [[0], [1]]), {"head": ColwiseParallel()})
+    with pytest.warns(UserWarning, match="no parallelize_plan"):
+        assert parallelize_module(model, mesh) is model
+
+
+@pytest.mark.world_size(2)
+def test_current_mesh_and_custom_style(world) -> None:
+    mesh = _mesh(2)
+
+    class Double(ParallelStyle):
+        def _apply(self, module, device_mesh):
+            module.register_forward_hook(lambda m, i, o: o * device_mesh.size())
+            return module
+
+    lin = nn.Linear(2, 2)
+    with mesh:
+        parallelize_module(lin, parallelize_plan={"": Double()})
+    x = torch.randn(1, 2)
+    torch.testing.assert_close(lin(x), 2 * F.linear(x, lin.weight, lin.bias))
+
+
+# loss_parallel --------------------------------------------------------------------
+def _logits(n_rows=6, classes=10, seed=9):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n_rows, classes, generator=g), torch.randint(0, classes, (n_rows,), generator=g)
+
+
+@WORLDS
+@pytest.mark.parametrize("classes", [10, 7])
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"},
+                                {"ignore_index": 3}, {"label_smoothing": 0.1},
+                                {"label_smoothing": 0.2, "ignore_index": 1}])
+def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes, kw) -> None:
+    mesh = _mesh(n)
+    x, y = _logits(classes=classes)
+    y[0] = kw.get("ignore_index", y[0])
+    ref = x.clone().requires_grad_()
+    want = F.cross_entropy(ref, y, **kw)
+    dx = distribute_tensor(x.clone(), mesh, [Shard(1)]).requires_grad_()
+    with CommCounter() as c, loss_parallel():
+        loss = F.cross_entropy(dx, y, **kw)
+    assert c.counts == {"all_reduce": 2}  # the max, then the sums: no gather
+    assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
+    torch.testing.assert_close(loss.full_tensor(), want, **TOL)
+    with CommCounter() as c:
+        loss.backward(torch.ones_like(loss)) if kw.get("reduction") == "none" else loss.backward()
+    want.backward(torch.ones_like(want))
+    assert c.total == 0
+    assert dx.grad.placements == (Shard(1),)
+    torch.testing.assert_close(dx.grad.full_tensor(), ref.grad, **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_loss_parallel_3d_logits_module_and_dtensor_target(world) -> None:
+    mesh = _mesh(2)
+    g = torch.Generator().manual_seed(10)
+    x, y = torch.randn(2, 8, 3, generator=g), torch.randint(0, 8, (2, 3), generator=g)
+    dx = distribute_tensor(x, mesh, [Shard(1)])
+    with loss_parallel():
+        loss = nn.CrossEntropyLoss()(dx, distribute_tensor(y, mesh, [Shard(0)]))
+    torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(x, y), **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_loss_parallel_bad_inputs(world) -> None:
+    mesh = _mesh(2)
+    x, y = _logits()
+    with loss_parallel():
+        with pytest.raises(PlanError, match="sharded on the class dim 1"):
+            F.cross_entropy(distribute_tensor(x, mesh, [Shard(0)]), y)
+        dx = distribute_tensor(x, mesh, [Shard(1)])
+        with pytest.raises(PlanError, match="weight"):
+            F.cross_entropy(dx, y, weight=torch.ones(10))
+        with pytest.raises(PlanError, match="integer class targets"):
+            F.cross_entropy(dx, torch.rand(6, 10))
+        plain = F.cross_entropy(x, y)  # plain tensors pass through
+    torch.testing.assert_close(plain, F.cross_entropy(x, y))
+
+
+@pytest.mark.world_size(2)
+def test_loss_parallel_partial_and_replicated_logits_rejected(world) -> None:
+    mesh = _mesh(2)
+    x, y = _logits()
+    with loss_parallel(), pytest.raises(PlanError, match="Shard"):
+        F.cross_entropy(DTensor.from_local(x, mesh, [Partial()]), y)
