@@ -5,13 +5,21 @@ Public names mirror ``torch.distributed.tensor``; switch by changing the import.
 
 from __future__ import annotations
 
-from dtensor._random_ops import manual_seed, rand, randint, randn
-from dtensor.dispatch import implicit_replication, register_rule
+from dtensor.dispatch import implicit_replication
 from dtensor.errors import MeshError, PlacementError, ShardingError, UnsupportedOpError
-from dtensor.factories import empty, full, ones, zeros
+from dtensor.factories import (
+    empty,
+    full,
+    manual_seed,
+    ones,
+    rand,
+    randint,
+    randn,
+    zeros,
+)
 from dtensor.mesh import DeviceMesh, current_mesh, init_device_mesh
 from dtensor.placement import Partial, Placement, Replicate, Shard
-from dtensor.sharding import OpCall, Sharding
+from dtensor.sharding import OpCall, Sharding, register_rule
 from dtensor.spec import DTensorSpec, TensorMeta
 from dtensor.tensor import DTensor, distribute_tensor
 

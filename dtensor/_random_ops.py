@@ -20,22 +20,27 @@ mask depends only on the global index, so masking commutes with the sum;
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from dtensor import _compile
 from dtensor import random as rng
+from dtensor.dispatch.execute import wrap
 from dtensor.errors import ShardingError
-from dtensor.placement import Partial, Replicate
+from dtensor.placement import Partial, Replicate, partial_to_replicate
+from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
-from dtensor.tensor import DTensor, redistribute_local
 
-__all__ = ["HANDLERS", "manual_seed", "rand", "randint", "randn"]
+__all__ = ["HANDLERS", "no_generator", "zero_partial_sums"]
 
 aten = torch.ops.aten
 
+# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+DTensor: Any = None
 
-def _no_generator(kwargs: dict, op: str) -> None:
+
+def no_generator(kwargs: dict, op: str) -> None:
     if kwargs.get("generator") is not None:
         raise ShardingError(
             f"{op}: torch.Generator objects are not supported on DTensors; seed "
@@ -63,11 +68,16 @@ def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
     return _zero_partial(values, spec, coord)
 
 
+def zero_partial_sums(spec: DTensorSpec, coord) -> bool:
+    """This coordinate holds zeros of a ``Partial(sum)`` value (all but
+    coordinate 0 of each sum axis; the sum is the value)."""
+    return any(
+        p.is_partial("sum") and coord[axis] != 0 for axis, p in enumerate(spec.placements)
+    )
+
+
 def _zero_partial(values: torch.Tensor, spec: DTensorSpec, coord) -> torch.Tensor:
-    for axis, p in enumerate(spec.placements):
-        if isinstance(p, Partial) and p.reduce_op == "sum" and coord[axis] != 0:
-            return torch.zeros_like(values)
-    return values
+    return torch.zeros_like(values) if zero_partial_sums(spec, coord) else values
 
 
 def _inplace(make_for):
@@ -75,7 +85,7 @@ def _inplace(make_for):
 
     def handler(func, args, kwargs):
         self = args[0]
-        _no_generator(kwargs, str(func))
+        no_generator(kwargs, str(func))
         make = make_for(self, *args[1:], **{k: v for k, v in kwargs.items() if k != "generator"})
         local = self._local_tensor
         values = _draw(self._spec, local.device, make)
@@ -91,7 +101,7 @@ def _like(make_for):
 
     def handler(func, args, kwargs):
         self = args[0]
-        _no_generator(kwargs, str(func))
+        no_generator(kwargs, str(func))
         dtype = kwargs.get("dtype") or self.dtype
         spec = _non_partial(self._spec).with_meta(
             TensorMeta(self.shape, contiguous_stride(self.shape), dtype)
@@ -100,23 +110,14 @@ def _like(make_for):
         device = self._local_tensor.device
         values = _draw(spec, device, make)
         if values is None:
-            values = _empty(spec, device)
-        return DTensor(values, spec)
+            values = empty_local(spec, device)
+        return wrap(values, spec)
 
     return handler
 
 
 def _non_partial(spec: DTensorSpec) -> DTensorSpec:
-    if not spec.has_partial():
-        return spec
-    return spec.with_placements(
-        [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
-    )
-
-
-def _empty(spec: DTensorSpec, device) -> torch.Tensor:
-    shape, _ = spec.local_block(None)
-    return torch.empty(shape, dtype=spec.dtype, device=device)
+    return spec.with_placements(partial_to_replicate(spec.placements))
 
 
 def _probabilities(t, like: DTensorSpec) -> torch.Tensor:
@@ -138,7 +139,7 @@ def _probabilities(t, like: DTensorSpec) -> torch.Tensor:
 
 def _bernoulli_tensor(func, args, kwargs):
     """``bernoulli(p)``: a DTensor of 0/1 laid out like the probabilities."""
-    _no_generator(kwargs, str(func))
+    no_generator(kwargs, str(func))
     p = args[0]
     spec = _non_partial(p._spec)
     coord = spec.mesh.get_coordinate()
@@ -149,12 +150,12 @@ def _bernoulli_tensor(func, args, kwargs):
         spec, p._local_tensor.device,
         _maker(rng.bernoulli_block, p=probs, dtype=p.dtype),
     )
-    return DTensor(values if values is not None else _empty(spec, p._local_tensor.device), spec)
+    return wrap(values if values is not None else empty_local(spec, p._local_tensor.device), spec)
 
 
 def _bernoulli_inplace_tensor(func, args, kwargs):
     self, p = args[0], args[1]
-    _no_generator(kwargs, str(func))
+    no_generator(kwargs, str(func))
     spec = self._spec
     probs = None
     if spec.mesh.get_coordinate() is not None:
@@ -179,10 +180,9 @@ def _native_dropout(func, args, kwargs):
     train = args[2] if len(args) > 2 else kwargs.get("train")
     rng._threshold(p, "native_dropout")
     spec, local = x._spec, x._local_tensor
-    if any(isinstance(q, Partial) and q.reduce_op in ("max", "min") for q in spec.placements):
+    if any(q.is_partial() and not q.is_linear for q in spec.placements):
         reduced = spec.with_placements([
-            Replicate() if isinstance(q, Partial) and q.reduce_op in ("max", "min") else q
-            for q in spec.placements
+            Replicate() if q.is_partial() and not q.is_linear else q for q in spec.placements
         ])
         if spec.mesh.get_coordinate() is not None:
             local = redistribute_local(local, spec, reduced)
@@ -195,16 +195,16 @@ def _native_dropout(func, args, kwargs):
         else:
             out = local.clone()
         mask = torch.full_like(local, not (train and p == 1.0), dtype=torch.bool)
-        return DTensor(out, spec), DTensor(mask, mask_spec)
+        return wrap(out, spec), wrap(mask, mask_spec)
     # Same arithmetic as ATen's CPU dropout (bernoulli_(1 - p), div_, mul), so
     # the fused op and the decomposed one give the same bits.
     keep = 1.0 - p
     noise = _draw(layout, local.device, _maker(rng.bernoulli_block, p=keep, dtype=x.dtype))
     if noise is None:
-        return DTensor(_empty(spec, local.device), spec), DTensor(
-            _empty(mask_spec, local.device), mask_spec)
+        return wrap(empty_local(spec, local.device), spec), wrap(
+            empty_local(mask_spec, local.device), mask_spec)
     mask = noise.bool()
-    return DTensor(local * noise.div_(keep), spec), DTensor(mask, mask_spec)
+    return wrap(local * noise.div_(keep), spec), wrap(mask, mask_spec)
 
 
 def _int_maker(self, op: str, lo: int, hi: int, block_fn, /, **fixed):
@@ -285,91 +285,3 @@ if hasattr(aten.bernoulli, "p"):
     HANDLERS[aten.bernoulli.p] = _like(
         lambda dtype, p=0.5: _maker(rng.bernoulli_block, p=p, dtype=dtype)
     )
-
-
-
-# Factories and seeding ------------------------------------------------------
-def _factory(block_fn, name: str, **fixed):
-    from dtensor.factories import build
-
-    def factory(*size, dtype=None, device_mesh=None, placements=None,
-                requires_grad: bool = False, **kwargs):
-        kwargs.pop("layout", None)
-        if kwargs.pop("generator", None) is not None:
-            _no_generator({"generator": True}, name)
-        dt = dtype or torch.get_default_dtype()
-        if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
-            size = tuple(size[0])
-        seed, offset = rng.get_rng_state().seed, rng.next_offset()
-
-        def block(shape, start, device):
-            return block_fn(seed, offset, tuple(size), start, shape, device=device,
-                            dtype=dt, **fixed, **kwargs)
-
-        out = build(tuple(int(s) for s in size), block, dtype=dt, device_mesh=device_mesh,
-                    placements=placements, requires_grad=requires_grad, what=name)
-        spec = out._spec
-        coord = spec.mesh.get_coordinate()
-        if coord is not None and any(
-            isinstance(p, Partial) and p.reduce_op == "sum" and coord[a] != 0
-            for a, p in enumerate(spec.placements)
-        ):
-            out._local_tensor.zero_()
-        return out
-
-    factory.__name__ = name
-    factory.__doc__ = (
-        f"A DTensor of {name} values whose full tensor equals "
-        f"``dtensor.random.{name}`` under the same seed, for every layout.\n\n"
-        f"Example:\n    >>> dtensor.manual_seed(0)\n"
-        f"    >>> x = dtensor.{name}(8, 4, device_mesh=mesh, placements=[Shard(0)])"
-    )
-    return factory
-
-
-rand = _factory(rng.uniform_block, "rand")
-randn = _factory(rng.normal_block, "randn")
-
-
-def randint(low, high=None, size=None, *, dtype=torch.int64, device_mesh=None,
-            placements=None, requires_grad=False):
-    """Integers in ``[low, high)`` as a DTensor (``randint(high, size)`` also works)."""
-    if size is None:
-        low, high, size = 0, low, high
-    make = _factory(rng.randint_block, "randint", low=low, high=high)
-    return make(*tuple(size), dtype=dtype, device_mesh=device_mesh,
-                placements=placements, requires_grad=requires_grad)
-
-
-def manual_seed(seed: int, device_mesh=None) -> None:
-    """Seed the sharding-invariant generator; the same seed is required everywhere.
-
-    With ``device_mesh`` (or when a world is initialised) the seed is checked
-    across the mesh's ranks (or the world's; then every rank must call this),
-    and a mismatch raises on every rank.
-
-    Example:
-        >>> dtensor.manual_seed(1234)
-    """
-    rng.manual_seed(seed)
-    from dtensor import _comm
-    from dtensor.mesh import DeviceMesh
-
-    if device_mesh is None:
-        if not _comm.is_initialized() or _comm.get_world_size() == 1:
-            return
-        device_mesh = DeviceMesh("cpu", list(range(_comm.get_world_size())))
-    if device_mesh.get_coordinate() is None:
-        return
-    fp = rng.seed_fingerprint()
-    lo = fp.neg()
-    for axis in range(device_mesh.ndim):
-        group = device_mesh.axis_group(axis)
-        if group is not None:
-            fp = _comm.all_reduce(fp, "max", group)
-            lo = _comm.all_reduce(lo, "max", group)
-    if not torch.equal(fp, lo.neg()):
-        raise ShardingError(
-            f"manual_seed({seed}): ranks of {device_mesh!r} were given different "
-            "seeds; call dtensor.manual_seed with the same seed on every rank"
-        )

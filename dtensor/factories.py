@@ -1,8 +1,9 @@
 """DTensor factories: each rank builds only its own block, with no communication.
 
 ``zeros``, ``ones``, ``empty`` and ``full`` mirror ``torch.distributed.tensor``;
-the random factories (``rand``, ``randn``, ``randint``) live in
-``dtensor.random`` and produce the single-device values for every layout.
+the random factories (``rand``, ``randn``, ``randint``) draw from
+``dtensor.random``'s generator and produce the single-device values for every
+layout; ``manual_seed`` seeds that generator.
 
 Example:
     >>> w = zeros(8, 4, device_mesh=mesh, placements=[Shard(0)])
@@ -16,13 +17,26 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dtensor import _compile
+from dtensor import _comm, _compile
+from dtensor import random as rng
+from dtensor._random_ops import no_generator, zero_partial_sums
+from dtensor.errors import ShardingError
 from dtensor.mesh import DeviceMesh
-from dtensor.placement import Partial, Placement, Replicate
+from dtensor.placement import Placement, replicated
+from dtensor.redistribute import device_of
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
-from dtensor.tensor import DTensor, _device_of, _resolve_mesh
+from dtensor.tensor import DTensor, _resolve_mesh
 
-__all__ = ["empty", "full", "ones", "zeros"]
+__all__ = [
+    "empty",
+    "full",
+    "manual_seed",
+    "ones",
+    "rand",
+    "randint",
+    "randn",
+    "zeros",
+]
 
 
 def _size(size: tuple) -> tuple[int, ...]:
@@ -47,11 +61,11 @@ def build(
     """
     mesh = _resolve_mesh(device_mesh, what)
     if placements is None:
-        placements = (Replicate(),) * mesh.ndim
+        placements = replicated(mesh)
     dtype = dtype or torch.get_default_dtype()
     shape = tuple(size)
     spec = DTensorSpec(mesh, tuple(placements), TensorMeta(shape, contiguous_stride(shape), dtype))
-    device = _device_of(mesh)
+    device = device_of(mesh)
     coord = mesh.get_coordinate()
     local_shape, offset = spec.local_block(coord)
     if coord is None:
@@ -88,14 +102,9 @@ def _constant(value_of: Callable[[torch.dtype], object], what: str):
 
 def _fix_partial(out: DTensor, fill) -> DTensor:
     """A Partial(sum) constant keeps the value on one coordinate, zero elsewhere."""
-    spec = out._spec
-    coord = spec.mesh.get_coordinate()
-    if coord is None or fill == 0:
-        return out
-    for axis, p in enumerate(spec.placements):
-        if isinstance(p, Partial) and p.reduce_op == "sum" and coord[axis] != 0:
-            out._local_tensor.zero_()
-            break
+    coord = out._spec.mesh.get_coordinate()
+    if coord is not None and fill != 0 and zero_partial_sums(out._spec, coord):
+        out._local_tensor.zero_()
     return out
 
 
@@ -126,6 +135,84 @@ def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None,
         requires_grad=requires_grad, what="full",
     )
     return _fix_partial(out, fill_value)
+
+
+# Random factories and seeding ----------------------------------------------
+def _random_factory(block_fn, name: str, **fixed):
+    def factory(*size, dtype=None, device_mesh=None, placements=None,
+                requires_grad: bool = False, **kwargs):
+        kwargs.pop("layout", None)
+        if kwargs.pop("generator", None) is not None:
+            no_generator({"generator": True}, name)
+        dt = dtype or torch.get_default_dtype()
+        if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+            size = tuple(size[0])
+        seed, offset = rng.get_rng_state().seed, rng.next_offset()
+
+        def block(shape, start, device):
+            return block_fn(seed, offset, tuple(size), start, shape, device=device,
+                            dtype=dt, **fixed, **kwargs)
+
+        out = build(tuple(int(s) for s in size), block, dtype=dt, device_mesh=device_mesh,
+                    placements=placements, requires_grad=requires_grad, what=name)
+        coord = out._spec.mesh.get_coordinate()
+        if coord is not None and zero_partial_sums(out._spec, coord):
+            out._local_tensor.zero_()
+        return out
+
+    factory.__name__ = name
+    factory.__doc__ = (
+        f"A DTensor of {name} values whose full tensor equals "
+        f"``dtensor.random.{name}`` under the same seed, for every layout.\n\n"
+        f"Example:\n    >>> dtensor.manual_seed(0)\n"
+        f"    >>> x = dtensor.{name}(8, 4, device_mesh=mesh, placements=[Shard(0)])"
+    )
+    return factory
+
+
+rand = _random_factory(rng.uniform_block, "rand")
+randn = _random_factory(rng.normal_block, "randn")
+
+
+def randint(low, high=None, size=None, *, dtype=torch.int64, device_mesh=None,
+            placements=None, requires_grad=False):
+    """Integers in ``[low, high)`` as a DTensor (``randint(high, size)`` also works)."""
+    if size is None:
+        low, high, size = 0, low, high
+    make = _random_factory(rng.randint_block, "randint", low=low, high=high)
+    return make(*tuple(size), dtype=dtype, device_mesh=device_mesh,
+                placements=placements, requires_grad=requires_grad)
+
+
+def manual_seed(seed: int, device_mesh=None) -> None:
+    """Seed the sharding-invariant generator; the same seed is required everywhere.
+
+    With ``device_mesh`` (or when a world is initialised) the seed is checked
+    across the mesh's ranks (or the world's; then every rank must call this),
+    and a mismatch raises on every rank.
+
+    Example:
+        >>> dtensor.manual_seed(1234)
+    """
+    rng.manual_seed(seed)
+    if device_mesh is None:
+        if not _comm.is_initialized() or _comm.get_world_size() == 1:
+            return
+        device_mesh = DeviceMesh("cpu", list(range(_comm.get_world_size())))
+    if device_mesh.get_coordinate() is None:
+        return
+    fp = rng.seed_fingerprint()
+    lo = fp.neg()
+    for axis in range(device_mesh.ndim):
+        group = device_mesh.axis_group(axis)
+        if group is not None:
+            fp = _comm.all_reduce(fp, "max", group)
+            lo = _comm.all_reduce(lo, "max", group)
+    if not torch.equal(fp, lo.neg()):
+        raise ShardingError(
+            f"manual_seed({seed}): ranks of {device_mesh!r} were given different "
+            "seeds; call dtensor.manual_seed with the same seed on every rank"
+        )
 
 
 # torch.compile records these as calls in its graph (layouts are constants);

@@ -18,7 +18,17 @@ from typing import ClassVar
 
 from dtensor.errors import PlacementError
 
-__all__ = ["REDUCE_OPS", "Partial", "Placement", "Replicate", "Shard"]
+__all__ = [
+    "REDUCE_OPS",
+    "Partial",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "format_placements",
+    "is_linear_partial",
+    "partial_to_replicate",
+    "replicated",
+]
 
 #: Reduce ops a ``Partial`` placement may carry.
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -106,8 +116,45 @@ class Partial(Placement):
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return reduce_op is None or reduce_op == self.reduce_op
 
+    @property
+    def is_linear(self) -> bool:
+        """The value is linear in the pieces (sum, avg): linear ops may act on
+        each piece without reducing first. A max or min of pieces is not."""
+        return self.reduce_op in ("sum", "avg")
+
     def __str__(self) -> str:
         return f"P({self.reduce_op})"
+
+
+def is_linear_partial(p: Placement) -> bool:
+    """``p`` is ``Partial(sum)`` or ``Partial(avg)`` (see ``Partial.is_linear``)."""
+    return isinstance(p, Partial) and p.is_linear
+
+
+_REPLICATED: list[tuple[Placement, ...]] = []
+
+
+def replicated(mesh) -> tuple[Placement, ...]:
+    """``(Replicate(),) * n`` for a mesh (or a number of mesh axes ``n``).
+
+    Example:
+        >>> replicated(2)
+        (Replicate(), Replicate())
+    """
+    n = mesh if isinstance(mesh, int) else mesh.ndim
+    while len(_REPLICATED) <= n:
+        _REPLICATED.append((Replicate(),) * len(_REPLICATED))
+    return _REPLICATED[n]
+
+
+def partial_to_replicate(placements) -> tuple[Placement, ...]:
+    """The placements with every ``Partial`` axis reduced to ``Replicate``.
+
+    Example:
+        >>> format_placements(partial_to_replicate((Shard(0), Partial())))
+        '(S(0), R)'
+    """
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
 
 
 def format_placements(placements: tuple[Placement, ...]) -> str:

@@ -2,7 +2,8 @@
 
 ``plan(src, dst, mesh_shape)`` turns two placement tuples into a tuple of
 ``Step`` values without touching the network; ``execute`` runs them on a
-local tensor through ``dtensor._comm``. The plan has four phases:
+local tensor through ``dtensor._comm``; ``redistribute_local`` does both for
+a block of a ``DTensorSpec``. The plan has four phases:
 
 1. reduce: every ``Partial`` axis whose target differs is all-reduced.
 2. gather: for each tensor dim, the axes that shard it in the source but are
@@ -28,9 +29,17 @@ import torch
 
 from dtensor import _comm
 from dtensor.placement import Partial, Placement, Replicate, Shard
-from dtensor.spec import local_block, shard_range
+from dtensor.spec import DTensorSpec, local_block, shard_range
 
-__all__ = ["Step", "execute", "plan"]
+__all__ = [
+    "Step",
+    "device_of",
+    "empty_local",
+    "execute",
+    "mesh_max",
+    "plan",
+    "redistribute_local",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +144,42 @@ def execute(
         else:  # pragma: no cover - plan() emits only the kinds above
             raise AssertionError(step.kind)
     return local
+
+
+def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) -> torch.Tensor:
+    """Move ``local`` (a block of ``src``) to its block of ``dst``.
+
+    Outsiders of the mesh never communicate: they keep their (empty) block.
+    """
+    mesh = src.mesh
+    if mesh.get_coordinate() is None:
+        return local if src.placements == dst.placements else empty_local(dst, local.device)
+    steps = plan(src.placements, dst.placements, mesh.shape)
+    if not steps:
+        return local
+    return execute(local, steps, src.shape, mesh)
+
+
+def empty_local(spec: DTensorSpec, device) -> torch.Tensor:
+    """An empty block of ``spec``'s dtype: what a rank outside the mesh holds."""
+    shape, _ = local_block(spec.shape, spec.mesh.shape, spec.placements, None)
+    return torch.empty(shape, dtype=spec.dtype, device=device)
+
+
+def mesh_max(t: torch.Tensor, mesh) -> torch.Tensor:
+    """Max of ``t`` over every rank of ``mesh`` (members only): agreeing on a verdict."""
+    for axis in range(mesh.ndim):
+        group = mesh.axis_group(axis)
+        if group is not None:
+            t = _comm.all_reduce(t.to(device_of(mesh)), "max", group).cpu()
+    return t
+
+
+def device_of(mesh) -> torch.device:
+    """The device this rank's blocks live on for ``mesh``."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def _outer_range(step, global_shape, mesh_shape, coord, dim) -> tuple[int, int]:

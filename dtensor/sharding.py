@@ -2,18 +2,23 @@
 
 Rules (``dtensor/rules/``) and users' own rules import from here only; the
 dispatcher consumes these values. Both are plain immutable values: a rule is a
-pure function ``rule(call: OpCall) -> Sharding | None``.
+pure function ``rule(call: OpCall) -> Sharding | None``. Users add rules with
+``register_rule``; the built-in tables are merged in ``dtensor/rules/__init__.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from dtensor.errors import UnsupportedOpError
 from dtensor.placement import Placement
 from dtensor.spec import DTensorSpec
 
-__all__ = ["OpCall", "Sharding"]
+__all__ = ["OpCall", "Sharding", "on_register", "register_rule", "registered_rule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +58,68 @@ class Sharding:
     scalar_reduce: str | None = None
     local: Any = None
     shapes: tuple[tuple[int, ...], ...] | None = None
+
+
+# Users' rules --------------------------------------------------------------------
+# The registry holds only what users registered; lookups of built-in rules and
+# what dispatch caches live elsewhere. Dispatch subscribes to registrations
+# (``on_register``) so that a rule registered after its op ran is not shadowed
+# by a cached answer.
+_by_overload: dict = {}
+_by_packet: dict = {}
+_listeners: list[Callable[[frozenset], None]] = []
+
+
+def register_rule(*ops):
+    """Decorator: ``rule(call: OpCall) -> Sharding | None`` for these ops.
+
+    ``ops`` may be overloads (``aten.add.Tensor``) or packets (``aten.add``,
+    every overload). Returning ``None`` falls back to replication. A rule may
+    read the *type* of a float or complex argument but not its value: cached
+    results are shared across values (``x * 0.5`` and ``x * 0.25``). A rule
+    registered for an op that already ran replaces what was cached for it.
+
+    Example:
+        >>> @register_rule(torch.ops.mylib.scale.default)
+        ... def scale_rule(call):
+        ...     (spec,) = call.specs
+        ...     return Sharding(inputs=(None,), outputs=(spec.placements,))
+    """
+
+    def wrap(rule):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                _by_packet[op] = rule
+            elif isinstance(op, torch._ops.OpOverload):
+                _by_overload[op] = rule
+            else:
+                raise UnsupportedOpError(
+                    f"register_rule: expected an op overload (torch.ops.aten.add.Tensor) "
+                    f"or packet (torch.ops.aten.add), got {op!r}"
+                )
+        changed = frozenset(o for op in ops for o in overloads_of(op))
+        for listener in _listeners:
+            listener(changed)
+        return rule
+
+    return wrap
+
+
+def registered_rule(func):
+    """The user's rule for overload ``func`` (its own, else its packet's), or None."""
+    rule = _by_overload.get(func)
+    if rule is None:
+        rule = _by_packet.get(func.overloadpacket)
+    return rule
+
+
+def on_register(listener: Callable[[frozenset], None]) -> None:
+    """Call ``listener(overloads)`` whenever rules for ``overloads`` are registered."""
+    _listeners.append(listener)
+
+
+def overloads_of(op) -> tuple:
+    """The overloads an op names: itself, or every overload of a packet."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return tuple(getattr(op, name) for name in op.overloads())
+    return (op,)

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from dtensor.errors import PlacementError
-from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
+from dtensor.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placements,
+    replicated,
+)
 
 if TYPE_CHECKING:
     from dtensor.mesh import DeviceMesh
@@ -237,19 +244,16 @@ class DTensorSpec:
             return self
         return DTensorSpec(self.mesh, self.placements, tensor_meta)
 
+    @classmethod
+    def replicated(cls, mesh: DeviceMesh, tensor_meta: TensorMeta) -> DTensorSpec:
+        """A full copy on every rank of ``mesh``."""
+        return cls(mesh, replicated(mesh), tensor_meta)
+
     def is_replicated(self) -> bool:
         return all(isinstance(p, Replicate) for p in self.placements)
 
     def has_partial(self) -> bool:
         return any(isinstance(p, Partial) for p in self.placements)
-
-    def shard_axes(self, tensor_dim: int) -> tuple[int, ...]:
-        """Mesh axes that shard ``tensor_dim``, in mesh-axis order."""
-        return tuple(
-            axis
-            for axis, p in enumerate(self.placements)
-            if isinstance(p, Shard) and p.dim == tensor_dim
-        )
 
     def local_block(
         self, coordinate: Sequence[int] | None

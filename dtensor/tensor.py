@@ -14,27 +14,18 @@ from collections.abc import Sequence
 import torch
 
 from dtensor import _comm, _compile
+from dtensor.dispatch import dispatch as _dispatch
+from dtensor.dispatch import serve
 from dtensor.errors import MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
 from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
-from dtensor.redistribute import execute, plan
-from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, local_block
+from dtensor.redistribute import device_of as _device_of
+from dtensor.redistribute import empty_local as _empty_local
+from dtensor.redistribute import mesh_max as _mesh_max
+from dtensor.redistribute import redistribute_local
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
 __all__ = ["DTensor", "distribute_tensor"]
-
-
-class _Hooks:
-    """Late-bound entry points (dispatch and random ops import this module)."""
-
-    def __getattr__(self, name):
-        from dtensor import _random_ops, dispatch
-
-        self.dispatch = dispatch.dispatch
-        self.random = _random_ops.HANDLERS
-        return getattr(self, name)
-
-
-_hooks = _Hooks()
 
 
 def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
@@ -60,11 +51,6 @@ def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
 def _check_tensor(x, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise ShardingError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
-
-
-def _empty_local(spec: DTensorSpec, device) -> torch.Tensor:
-    shape, _ = local_block(spec.shape, spec.mesh.shape, spec.placements, None)
-    return torch.empty(shape, dtype=spec.dtype, device=device)
 
 
 class DTensor(torch.Tensor):
@@ -155,7 +141,7 @@ class DTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         # dispatch() handles random ops too (off its fast path).
-        return _hooks.dispatch(func, args, kwargs)
+        return _dispatch(func, args, kwargs)
 
     # Ways in and out ------------------------------------------------------------
     @staticmethod
@@ -292,21 +278,6 @@ def _run_check(local: torch.Tensor, spec: DTensorSpec) -> None:
         )
 
 
-def _mesh_max(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Max of ``t`` over every rank of ``mesh`` (members only)."""
-    for axis in range(mesh.ndim):
-        group = mesh.axis_group(axis)
-        if group is not None:
-            t = _comm.all_reduce(t.to(_device_of(mesh)), "max", group).cpu()
-    return t
-
-
-def _device_of(mesh: DeviceMesh) -> torch.device:
-    if mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(mesh.device_type)
-
-
 def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
     """Layout a gradient takes on its way back to a tensor laid out by ``src``.
 
@@ -333,17 +304,6 @@ def _partial_scale(src: DTensorSpec) -> int:
                     "not supported; redistribute to Replicate() before differentiating"
                 )
     return scale
-
-
-def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) -> torch.Tensor:
-    """Move ``local`` (a block of ``src``) to its block of ``dst``; members only."""
-    mesh = src.mesh
-    if mesh.get_coordinate() is None:
-        return local if src.placements == dst.placements else _empty_local(dst, local.device)
-    steps = plan(src.placements, dst.placements, mesh.shape)
-    if not steps:
-        return local
-    return execute(local, steps, src.shape, mesh)
 
 
 def _redistribute_grad(grad, target: DTensorSpec) -> DTensor:
@@ -513,6 +473,9 @@ def distribute_tensor(
         return out.requires_grad_(True)
     return _Distribute.apply(tensor, spec, src_data_rank)
 
+
+# Dispatch sits below this class (the class calls it) and wraps results in it.
+serve(DTensor)
 
 # torch.compile records these as calls in Dynamo's graph (see dtensor/_compile.py).
 _compile.trace_as_calls(

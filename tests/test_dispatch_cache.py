@@ -1,4 +1,4 @@
-"""Covers: dtensor/dispatch.py fast path and shape math (one process, no
+"""Covers: dtensor/dispatch/ fast path, shape math and rule registration (one process, no
 process group: only ops that need no communication).
 
 The fast path must give exactly what the general path gives: the same
@@ -16,8 +16,12 @@ import torch
 import torch.distributed as dist
 
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard
-from dtensor import dispatch as D
+from dtensor import implicit_replication
+from dtensor.dispatch import fast as D
+from dtensor.dispatch.call import Call
+from dtensor.dispatch.meta import infer_meta, shape_metas
 from dtensor.rules import rule_for_tags
+from dtensor.sharding import OpCall
 from dtensor.spec import DTensorSpec, TensorMeta
 
 aten = torch.ops.aten
@@ -150,24 +154,22 @@ def _spec(t: torch.Tensor) -> DTensorSpec:
     return DTensorSpec(MESH, (Replicate(),), TensorMeta(t.shape, t.stride(), t.dtype))
 
 
+def _call(func, args, kwargs) -> tuple[Call, tuple[DTensorSpec, ...]]:
+    """The call of ``func`` on plain tensors, as dispatch takes it apart, and
+    its operands' specs (replicated)."""
+    with implicit_replication():
+        call = Call(func, args, kwargs)
+    return call, tuple(_spec(o) for o in call.operands)
+
+
 def _both(func, *args, **kwargs):
     """(metas from the rule's shapes, metas from meta tensors) for one call."""
-    operands, key_args = [], []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            operands.append(a)
-            key_args.append(_spec(a))
-        else:
-            key_args.append(tuple(a) if isinstance(a, list) else a)
-    specs = tuple(_spec(o) for o in operands)
-    sharding = rule_for_tags(func)(D.OpCall(func, specs, tuple(key_args), kwargs))
+    call, specs = _call(func, args, kwargs)
+    args_with_specs, _ = call.replace(specs)
+    key_args = tuple(tuple(a) if isinstance(a, list) else a for a in args_with_specs)
+    sharding = rule_for_tags(func)(OpCall(func, specs, key_args, kwargs))
     assert sharding is not None and sharding.shapes is not None, func
-    fast = D._shape_metas(
-        func, sharding.shapes, args, kwargs, specs, operands, tuple(key_args),
-        tuple(kwargs.items()),
-    )
-    slow = D._infer_meta(func, args, kwargs, specs, operands)
-    return fast, slow
+    return shape_metas(call, specs, sharding.shapes), infer_meta(call, specs)
 
 
 def _t(*shape, dtype=torch.float32):
@@ -238,9 +240,38 @@ def test_rule_shapes_give_the_meta_tensor_metadata(func, args, kwargs) -> None:
     ],
 )
 def test_shape_math_steps_aside_where_it_could_be_wrong(func, args) -> None:
-    operands = list(args)
-    specs = tuple(_spec(o) for o in operands)
-    sharding = rule_for_tags(func)(D.OpCall(func, specs, specs, {}))
+    call, specs = _call(func, args, {})
+    sharding = rule_for_tags(func)(OpCall(func, specs, specs, {}))
     if sharding is None or sharding.shapes is None:
         return
-    assert D._shape_metas(func, sharding.shapes, args, {}, specs, operands, specs, ()) is None
+    assert shape_metas(call, specs, sharding.shapes) is None
+
+
+# Rule registration ------------------------------------------------------------
+def test_registering_a_rule_replaces_what_dispatch_cached_for_the_op() -> None:
+    from dtensor import Sharding, register_rule
+
+    lib = torch.library.Library("dtensor_cache_test", "DEF")  # noqa: TOR901
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+    op = torch.ops.dtensor_cache_test.twice.default
+    x = dt(torch.arange(4.0))
+
+    def outputs(placements):
+        def rule(call):
+            return Sharding(inputs=(None,), outputs=(placements,))
+
+        return rule
+
+    # No rule yet: the replicate fallback (cached as "no rule" for the op).
+    assert [op(x).placements for _ in range(2)] == [(Replicate(),)] * 2
+    # Every replica holds 2x, so their average is 2x: Partial(avg) is exact.
+    register_rule(op)(outputs((Partial("avg"),)))
+    assert [op(x).placements for _ in range(3)] == [(Partial("avg"),)] * 3
+    assert any(k[0] is op._op for k in D._fast)  # now served by the fast path
+    register_rule(op)(outputs((Replicate(),)))
+    assert [op(x).placements for _ in range(2)] == [(Replicate(),)] * 2
+    # A packet's rule counts for its overloads, yet the overload's own comes first.
+    register_rule(torch.ops.dtensor_cache_test.twice)(outputs((Partial("avg"),)))
+    assert op(x).placements == (Replicate(),)
+    torch.testing.assert_close(op(x).to_local(), torch.arange(4.0) * 2)

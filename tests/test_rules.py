@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dtensor import DeviceMesh, Partial, Replicate, Shard
-from dtensor.dispatch import OpCall, Sharding
+from dtensor.sharding import OpCall, Sharding
 from dtensor.rules import RULES, rule_for_tags
 from dtensor.rules.view import view_groups
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride

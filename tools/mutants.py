@@ -88,9 +88,10 @@ def _random_same_offset_on_every_shard() -> None:
 def _outsider_joins_collective() -> None:
     import torch
 
-    from dtensor import _comm, dispatch, tensor
+    from dtensor import _comm, _random_ops, redistribute, tensor
+    from dtensor.dispatch import execute
 
-    original = tensor.redistribute_local
+    original = redistribute.redistribute_local
 
     def redistribute_local(local, src, dst):
         if src.mesh.get_coordinate() is None and src.placements != dst.placements:
@@ -98,14 +99,14 @@ def _outsider_joins_collective() -> None:
             _comm.all_reduce(torch.zeros(1), "sum", _comm.group_for((_comm.get_rank(),)))
         return original(local, src, dst)
 
-    tensor.redistribute_local = redistribute_local
-    dispatch.redistribute_local = redistribute_local
+    for module in (redistribute, tensor, execute, _random_ops):
+        module.redistribute_local = redistribute_local
 
 
 def _nonlinear_op_keeps_partial() -> None:
     import torch
 
-    from dtensor.dispatch import Sharding, register_rule
+    from dtensor.sharding import Sharding, register_rule
 
     @register_rule(torch.ops.aten.abs.default)
     def abs_rule(call):

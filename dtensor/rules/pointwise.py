@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "pointwise_rule"]
 
@@ -120,13 +121,7 @@ def pointwise_rule(call):
     if inplace and (inputs[0] != specs[0].placements or tuple(out) != specs[0].placements):
         return None  # self would need a new layout: compute replicated, write back
     n = len(func._schema.returns)
-    return _Sharding(tuple(inputs), (tuple(out),) * n, (shape,) * n)
-
-
-def _Sharding(inputs, outputs, shapes):
-    from dtensor.sharding import Sharding
-
-    return Sharding(inputs, outputs, shapes=shapes)
+    return Sharding(tuple(inputs), (tuple(out),) * n, shapes=(shape,) * n)
 
 
 RULES: dict = {}

@@ -1,0 +1,168 @@
+"""One op call taken apart once: its operands, their specs, and its key.
+
+``Call(func, args, kwargs)`` walks the arguments a single time. Operands are
+DTensors and the plain tensors allowed beside them (0-d or one-element
+tensors, or any tensor under ``implicit_replication``); in the key form of
+the arguments (what rules see and caches key on) each operand is replaced by
+its spec (``PlainKey`` for a plain operand). Every later step that needs the
+arguments with their operands swapped (for local blocks, meta tensors)
+uses ``Call.replace``, the one walker that puts values back in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtensor.errors import MeshError, ShardingError
+
+__all__ = [
+    "CACHE_LIMIT",
+    "SCALAR_TYPES",
+    "Call",
+    "PlainKey",
+    "implicit_replication",
+    "tensor_leaves",
+]
+
+# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+DTensor: Any = None
+
+_state = threading.local()
+
+CACHE_LIMIT = 1 << 16  # entries per dispatch cache; cleared when full (new shapes forever)
+# Keyed by type alone: no rule and no result's metadata depends on the value
+# of a float or complex scalar (type promotion looks at types only), so
+# ``p.add_(g, alpha=-lr)`` with a new ``lr`` every step shares cached results.
+SCALAR_TYPES = frozenset({float, complex})
+
+
+@contextlib.contextmanager
+def implicit_replication():
+    """Allow plain (non-scalar) tensors as operands: they count as ``Replicate``.
+
+    Example:
+        >>> with implicit_replication():
+        ...     y = dt + torch.ones(4)     # the plain tensor is replicated
+    """
+    old = getattr(_state, "implicit", False)
+    _state.implicit = True
+    try:
+        yield
+    finally:
+        _state.implicit = old
+
+
+@dataclass(frozen=True, slots=True)
+class PlainKey:
+    """A plain operand in key form: what of it a rule or a cache may look at."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: str
+
+
+class _Plain:
+    """A plain tensor that may not be implicitly replicated (an error later)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+class Call:
+    """One call of ``func``, flattened once.
+
+    ``operands``: the tensors taking part, in argument order (top-level and
+    one level into lists/tuples, then kwargs); ``specs``: each one's spec
+    (None for a plain operand); ``key_args``/``key_kwargs``: the arguments
+    with every operand replaced by its spec or ``PlainKey``.
+    """
+
+    __slots__ = ("args", "func", "key_args", "key_kwargs", "kwargs", "operands", "specs")
+
+    def __init__(self, func, args: tuple, kwargs: dict) -> None:
+        self.func, self.args, self.kwargs = func, args, kwargs
+        specs: list = []
+        operands: list = []
+        implicit = getattr(_state, "implicit", False)
+
+        def key(x):
+            if isinstance(x, DTensor):
+                specs.append(x._spec)
+                operands.append(x)
+                return x._spec
+            if x.dim() == 0 or implicit or x.numel() == 1:
+                specs.append(None)
+                operands.append(x)
+                return PlainKey(tuple(x.shape), x.dtype, x.device.type)
+            return _Plain(x)
+
+        def flat(a):
+            if isinstance(a, torch.Tensor):
+                return key(a)
+            if isinstance(a, (list, tuple)):
+                return tuple(key(x) if isinstance(x, torch.Tensor) else x for x in a)
+            return a
+
+        self.key_args = tuple(flat(a) for a in args)
+        self.key_kwargs = tuple((k, flat(v)) for k, v in kwargs.items())
+        self.specs = specs
+        self.operands = operands
+
+    def replace(self, values) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with the operands replaced by ``values``, in order."""
+        it = iter(values)
+
+        def swap(a):
+            if isinstance(a, torch.Tensor):
+                return next(it)
+            if isinstance(a, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in a):
+                return type(a)(next(it) if isinstance(y, torch.Tensor) else y for y in a)
+            return a
+
+        args = tuple(swap(a) for a in self.args)
+        return args, {k: swap(v) for k, v in self.kwargs.items()}
+
+    def check_plain(self) -> None:
+        """Raise for a plain tensor that may not mix with DTensors."""
+        for a in (*self.key_args, *(v for _, v in self.key_kwargs)):
+            items = a if isinstance(a, tuple) else (a,)
+            bad = next((x for x in items if isinstance(x, _Plain)), None)
+            if bad is not None:
+                raise ShardingError(
+                    f"{self.func}: got a plain torch.Tensor of shape {tuple(bad.t.shape)} "
+                    "mixed with DTensors. Convert it with distribute_tensor(t, mesh, "
+                    "placements) or DTensor.from_local, or wrap the call in "
+                    "dtensor.implicit_replication() to treat it as replicated."
+                )
+
+    def mesh(self):
+        """The operands' common mesh; raises if they live on different meshes."""
+        mesh = None
+        for s in self.specs:
+            if s is None:
+                continue
+            if mesh is None:
+                mesh = s.mesh
+            elif s.mesh != mesh:
+                raise MeshError(
+                    f"{self.func}: operands live on different meshes ({mesh!r} and "
+                    f"{s.mesh!r}); redistribute or re-create one of them on the "
+                    "other's mesh"
+                )
+        return mesh
+
+
+def tensor_leaves(out) -> list:
+    """The tensors of an op's result, in order (nested lists and tuples)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for x in out for t in tensor_leaves(x)]
+    return []

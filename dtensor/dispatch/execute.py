@@ -1,0 +1,166 @@
+"""Execution of a plan: redistribute operands, run the op on local blocks,
+write back what it wrote, and wrap the results once.
+
+Ranks outside the op's mesh never communicate; they get empty outputs of the
+right dtype (``None`` for Python scalars).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dtensor.dispatch.call import Call, tensor_leaves
+from dtensor.dispatch.meta import meta_tensor
+from dtensor.dispatch.propagate import Plan
+from dtensor.placement import replicated
+from dtensor.redistribute import device_of, empty_local, mesh_max, redistribute_local
+from dtensor.spec import DTensorSpec, TensorMeta
+
+__all__ = ["is_inplace", "rewrap", "run", "wrap"]
+
+# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+DTensor: Any = None
+_mk = torch.Tensor._make_wrapper_subclass
+
+
+def wrap(local: torch.Tensor, spec: DTensorSpec):
+    """``DTensor(local, spec)`` without the keyword parsing."""
+    meta = spec.tensor_meta
+    r = _mk(
+        DTensor, meta.shape, meta.stride, None, None, meta.dtype,
+        local.layout, local.device, False, False,
+    )
+    r._local_tensor = local
+    r._spec = spec
+    return r
+
+
+def rewrap(out, one, *, keep: bool = True):
+    """``out`` (a tensor, or nested lists/tuples of them) with each tensor ``t``
+    replaced by ``one(t)``; anything else is kept (``keep=False``: None)."""
+    if isinstance(out, torch.Tensor):
+        return one(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(rewrap(x, one, keep=keep) for x in out)
+    return out if keep else None
+
+
+_inplace: dict = {}
+
+
+def is_inplace(func) -> bool:
+    """``func`` writes its first argument (``add_``, ``copy_``)."""
+    inplace = _inplace.get(func)
+    if inplace is None:
+        schema = func._schema
+        first = schema.arguments[0].alias_info if schema.arguments else None
+        inplace = _inplace[func] = first is not None and first.is_write
+    return inplace
+
+
+def run(call: Call, plan: Plan):
+    """The op's result on DTensors, following ``plan``."""
+    mesh = next(s.mesh for s in call.specs if s is not None)
+    if mesh.get_coordinate() is None:
+        return _outsider_result(call, plan, mesh)
+    # Local operands in operand order, redistributed where the plan asks.
+    # NOTE: by position, not identity: ``mm(x, x)`` may need x in two layouts.
+    locals_ = []
+    for o, s, target in zip(call.operands, call.specs, plan.targets, strict=True):
+        local = o._local_tensor if s is not None else o
+        if target is not None:  # a plain operand starts replicated
+            src = s if s is not None else target.with_placements(replicated(mesh))
+            local = redistribute_local(local, src, target)
+        locals_.append(local)
+    largs, lkwargs = call.replace(locals_)
+    if plan.local is not None:
+        out = plan.local(call.func, mesh.get_coordinate(), plan.out_specs, largs, lkwargs)
+    else:
+        out = call.func(*largs, **lkwargs)
+
+    written = {}  # id(local written) -> the DTensor operand it stands for
+    for j in plan.write_back:
+        o, local = call.operands[j], locals_[j]
+        written[id(local)] = o
+        block = redistribute_local(local, plan.targets[j], o._spec)
+        if block is not o._local_tensor:
+            o._local_tensor.copy_(block)
+
+    self = call.args[0] if call.args and is_inplace(call.func) else None
+    if self is not None and not isinstance(self, DTensor):
+        self = None
+    if plan.fallback:
+        rep = replicated(mesh)
+
+        def one(t):
+            if id(t) in written:
+                return written[id(t)]
+            if self is not None and not written:
+                return _store(self, t)
+            return wrap(t, DTensorSpec(mesh, rep, TensorMeta(t.shape, t.stride(), t.dtype)))
+
+        return rewrap(out, one)
+    if not plan.out_specs:
+        return _reduce_scalar(out, plan.scalar_reduce, mesh)
+    specs = iter(plan.out_specs)
+
+    def one(t):
+        spec = next(specs)
+        if id(t) in written:
+            return written[id(t)]
+        # In-place ops return their (DTensor) self: hand it back, not a copy.
+        return self if self is not None else wrap(t, spec)
+
+    return rewrap(out, one)
+
+
+def _store(self, full: torch.Tensor):
+    """An in-place op computed on the replicated value: store it in self's layout."""
+    spec = self._spec
+    if spec.is_replicated():
+        block = full
+    else:
+        block = redistribute_local(full, spec.with_placements(replicated(spec.mesh)), spec)
+    if block is not self._local_tensor:
+        self._local_tensor.copy_(block)
+    return self
+
+
+def _reduce_scalar(out, how, mesh):
+    if how == "all":
+        flag = torch.tensor([0 if bool(out) else 1], dtype=torch.int64)
+        return not bool(mesh_max(flag, mesh).item())
+    return out
+
+
+def _outsider_result(call: Call, plan: Plan, mesh):
+    """Empty outputs of the right dtype on ranks outside the mesh; no collectives."""
+    device = device_of(mesh)
+
+    def empty(spec):
+        return wrap(empty_local(spec, device), spec)
+
+    if not (plan.fallback or not plan.out_specs):
+        if len(plan.out_specs) == 1:
+            return empty(plan.out_specs[0])
+        return tuple(empty(s) for s in plan.out_specs)
+    # Output metadata from the op on meta tensors of the global shapes.
+    metas = [
+        meta_tensor(s) if s is not None else o.to("meta")
+        for s, o in zip(call.specs, call.operands, strict=True)
+    ]
+    margs, mkwargs = call.replace(metas)
+    try:
+        out = call.func(*margs, **mkwargs)
+    except Exception:
+        out = None
+    if not tensor_leaves(out):
+        return None
+    rep = replicated(mesh)
+    return rewrap(
+        out,
+        lambda t: empty(DTensorSpec(mesh, rep, TensorMeta(t.shape, t.stride(), t.dtype))),
+        keep=False,
+    )

@@ -1,0 +1,138 @@
+"""Output metadata of an op call: global shape, stride and dtype of each result.
+
+Two ways: a rule's ``shapes`` (pure shape math) with dtypes from a probe on
+small meta tensors, cached per dtype signature (``shape_metas``); or the op
+run on meta tensors of the global shapes (``infer_meta``), which works for
+any op with a meta kernel but costs far more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.dispatch.call import (
+    CACHE_LIMIT,
+    SCALAR_TYPES,
+    Call,
+    PlainKey,
+    tensor_leaves,
+)
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+
+__all__ = ["infer_meta", "is_functional", "returns_list", "shape_metas"]
+
+_probes: dict = {}
+_functional: dict = {}
+
+
+def is_functional(func) -> bool:
+    """No argument or result of ``func`` aliases or writes another."""
+    ok = _functional.get(func)
+    if ok is None:
+        schema = func._schema
+        ok = _functional[func] = not any(
+            a.alias_info is not None for a in (*schema.arguments, *schema.returns)
+        )
+    return ok
+
+
+def returns_list(func) -> bool:
+    """``func`` returns one ``Tensor[]`` (split, unbind: one placement for all)."""
+    rets = func._schema.returns
+    return len(rets) == 1 and isinstance(rets[0].type, torch.ListType)
+
+
+def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
+    """Output metadata from a rule's global ``shapes``, or None.
+
+    Applies when the op is functional and every operand is contiguous and
+    non-empty: then outputs are contiguous (checked once on the probe). Dtypes
+    come from the op run once on small meta tensors (every dim 2), cached per
+    signature: (op, operand dtypes and ranks, other arguments with types).
+    ``specs``: the operands' specs (plain operands as replicated).
+    """
+    func = call.func
+    if not is_functional(func):
+        return None
+    for s in specs:
+        if 0 in s.shape or s.stride != contiguous_stride(s.shape):
+            return None
+    for shape in shapes:
+        if 0 in shape:
+            return None
+    try:
+        pkey = (
+            func,
+            tuple(map(_probe_sig, call.key_args)),
+            tuple((k, _probe_sig(v)) for k, v in call.key_kwargs),
+        )
+        dtypes = _probes.get(pkey, False)
+    except TypeError:  # unhashable values
+        return None
+    if dtypes is False:
+        dtypes = _probe(call, specs, shapes)
+        if len(_probes) >= CACHE_LIMIT:
+            _probes.clear()
+        _probes[pkey] = dtypes
+    if dtypes is None:
+        return None
+    return tuple(
+        TensorMeta(shape, contiguous_stride(shape), dtype)
+        for shape, dtype in zip(shapes, dtypes, strict=True)
+    )
+
+
+def _probe_sig(x):
+    """What of an argument (in key form) can decide a result dtype."""
+    t = type(x)
+    if t is DTensorSpec:
+        return (x.dtype, x.ndim)
+    if t is int or x is None:
+        return x
+    if t is tuple:
+        return tuple(map(_probe_sig, x))
+    if t is PlainKey:
+        return (x.dtype, len(x.shape))
+    if t in SCALAR_TYPES:  # type promotion looks at a scalar's type, not its value
+        return t
+    return (t, x)
+
+
+def _probe(call: Call, specs, shapes):
+    """Result dtypes of the op on meta tensors whose dims are all 2, if its
+    results are contiguous and as many (and of the same ranks) as ``shapes``."""
+    small = [torch.empty((2,) * s.ndim, dtype=s.dtype, device="meta") for s in specs]
+    try:
+        leaves = tensor_leaves(_on_meta(call, small))
+    except Exception:  # the full meta run will tell
+        return None
+    if len(leaves) != len(shapes) or any(
+        t.ndim != len(shape) or not t.is_contiguous()
+        for t, shape in zip(leaves, shapes, strict=True)
+    ):
+        return None
+    return tuple(t.dtype for t in leaves)
+
+
+def infer_meta(call: Call, specs) -> tuple[TensorMeta | None, ...]:
+    """Global output metadata from the op run on meta tensors of global shape."""
+    out = _on_meta(call, [meta_tensor(s) for s in specs])
+    if isinstance(out, tuple) and any(x is None for x in out):
+        # Optional results (masked backward outputs) keep their slot as None.
+        return tuple(
+            None if x is None else TensorMeta(x.shape, x.stride(), x.dtype) for x in out
+        )
+    return tuple(TensorMeta(t.shape, t.stride(), t.dtype) for t in tensor_leaves(out))
+
+
+def meta_tensor(spec: DTensorSpec) -> torch.Tensor:
+    """A meta tensor with ``spec``'s global shape, stride and dtype."""
+    return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
+
+
+def _on_meta(call: Call, metas):
+    """The op's result with ``metas`` as its operands (and on the meta device)."""
+    margs, mkwargs = call.replace(metas)
+    if mkwargs.get("device") is not None:
+        mkwargs["device"] = "meta"
+    return call.func(*margs, **mkwargs)
