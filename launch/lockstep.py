@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ class Lockstep:
         self.resume = 0
         self.fatal = False
         self.finished = False
+        self.current = 0  # index of the test running (or next to run)
 
     # -- configure / session start ---------------------------------------
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -81,7 +83,7 @@ class Lockstep:
         self.core.start()
 
     def pytest_report_header(self) -> list[str]:
-        return [f"launch: lockstep, {self.size} ranks ({self.backend}), attempt "
+        return [f"launch: lockstep, {self.size} ranks ({self.backend}), {_nodes()}attempt "
                 f"{self.attempt}; rank logs: {self.run_dir}/rank<k>.log"]
 
     # -- collection agreement ---------------------------------------------
@@ -120,7 +122,9 @@ class Lockstep:
         for i in range(self.resume, len(items)):
             item = items[i]
             nextitem = items[i + 1] if i + 1 < len(items) else None
+            self.current = i
             self._protocol(item, nextitem, i)
+            self.current = i + 1
             if session.shouldfail:
                 raise session.Failed(session.shouldfail)
             if session.shouldstop:
@@ -144,8 +148,12 @@ class Lockstep:
     # -- end of session -----------------------------------------------------
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.rank == 0 and self.size > 1:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
             terminalreporter.write_line(
-                f"launch: ranks 1..{self.size - 1} logged to {self.run_dir}/rank<k>.log")
+                f"launch: ranks 1..{min(local, self.size) - 1} logged to {self.run_dir}/rank<k>.log"
+                if local >= self.size else
+                f"launch: ranks 1..{local - 1} logged to {self.run_dir}/rank<k>.log; the other "
+                f"nodes' ranks to {self.run_dir.name.split('-node')[0]}-node<n>-*/ on their hosts")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self) -> None:
@@ -210,15 +218,15 @@ class Lockstep:
                 self._record(int(key), item.nodeid, [rep], fatal=True)
         elif tr is not None:
             tr.write_line(text)
-        left = len(session.items) - (int(key) + 1 if key is not None else 0) if session else 0
         if self.recover and self.attempt < self.max_restarts:
             if tr is not None:
                 tr.write_line(f"\nlaunch: world unusable; torchrun restarts it and the run "
                               f"continues after {item.nodeid if item else 'this point'}")
             return 1
-        if tr is not None and left:
-            tr.write_line(f"\nlaunch: {left} tests not run: the world is unusable "
-                          "(no restarts left; `python -m launch` restarts it)")
+        if session is not None:
+            first = int(key) + 1 if key is not None else self.current
+            self._not_run(session, tr, session.items[first:],
+                          item.nodeid if item is not None else None)
         if session is not None:
             session.shouldfail = "world unusable"
             config.hook.pytest_sessionfinish(session=session, exitstatus=1)
@@ -227,6 +235,31 @@ class Lockstep:
             if self.recover:
                 (self.run_dir / "complete").write_text("1")
         return 1
+
+    def _not_run(self, session: pytest.Session, tr: Any, left: list[pytest.Item],
+                  bad: str | None) -> None:
+        """Report every test the dead world did not run (terminal and junit:
+        each is logged as skipped with the reason) and the resume command."""
+        if not left:
+            return
+        why = (f"launch: not run: the world became unusable at {bad or 'a point between tests'}"
+               " (no restarts left)")
+        for it in left:
+            it.ihook.pytest_runtest_logstart(nodeid=it.nodeid, location=it.location)
+            rep = agree.make_report(it.nodeid, it.location, "setup", "skipped",
+                                    (str(it.path), 0, why))
+            it.ihook.pytest_runtest_logreport(report=rep)
+            it.ihook.pytest_runtest_logfinish(nodeid=it.nodeid, location=it.location)
+        if tr is None:
+            return
+        tr.write_line(f"\nlaunch: {len(left)} tests not run: the world is unusable "
+                      "(no restarts left):")
+        for it in left:
+            tr.write_line(f"  {it.nodeid}")
+        after = bad or (session.items[self.current - 1].nodeid if self.current else None)
+        if after is not None:
+            tr.write_line(f"launch: resume after {after} with:\n  {resume_command(self.config, after)}")
+        tr.write_line("  (or `python -m launch`, which restarts the world by itself)")
 
     def _record(self, i: int, nodeid: str, reports: list[Any], fatal: bool = False) -> None:
         data = [agree.dump_report(self.config, r) for r in reports]
@@ -272,10 +305,42 @@ class Lockstep:
         return self.core.world_for(n)
 
 
+def _nodes() -> str:
+    env = os.environ
+    local, world = int(env.get("LOCAL_WORLD_SIZE", 1)), int(env.get("WORLD_SIZE", 1))
+    return f"{world // max(local, 1)} nodes of {local}, " if world > local else ""
+
+
+def resume_command(config: pytest.Config, after: str) -> str:
+    """The torchrun command line that reruns this session after test ``after``."""
+    env = os.environ
+    local = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    nodes = max(1, int(env.get("WORLD_SIZE", local)) // max(local, 1))
+    args, skip = [], False
+    for a in config.invocation_params.args:
+        if skip:
+            skip = False
+            continue
+        if a == "--dist-start-after":
+            skip = True
+            continue
+        if not a.startswith("--dist-start-after="):
+            args.append(a)
+    cmd = ["torchrun", f"--nproc_per_node={local}"]
+    if nodes > 1:
+        cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
+    cmd += ["-m", "pytest", *args, f"--dist-start-after={after}"]
+    return shlex.join(cmd)
+
+
 def _run_dir(config: pytest.Config) -> Path:
     if os.environ.get(RUN_DIR_ENV):
         return Path(os.environ[RUN_DIR_ENV])
     root = Path(config.getoption("dist_log_dir") or Path(config.rootpath) / ".launch-logs")
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    return root / f"torchrun-{run_id}-{os.getppid()}"
+    env = os.environ
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    # Per node: each node's ranks log beside their own torchrun agent.
+    local, world = int(env.get("LOCAL_WORLD_SIZE", 1)), int(env.get("WORLD_SIZE", 1))
+    node = f"-node{env.get('GROUP_RANK', 0)}" if world > local else ""
+    return root / f"torchrun-{run_id}{node}-{os.getppid()}"
 

@@ -108,6 +108,8 @@ class Watchdog:
             signal.signal(signal.SIGTERM, lambda *_: None)
             signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")
+        self.store.set(f"node/{self.rank}", f"node {os.environ.get('GROUP_RANK', '0')} "
+                                            f"(host {socket.gethostname()})")
         threading.Thread(target=self._run, name="launch-watchdog", daemon=True).start()
 
     def arm(self, key: str, item: Any, timeout: float) -> None:
@@ -273,7 +275,7 @@ class Watchdog:
         if stuck and kind != "signal":
             lines.insert(1, f"stuck ranks: {', '.join(map(str, stuck))}")
         if dead:
-            lines.insert(1, f"dead ranks: {', '.join(map(str, dead))}")
+            lines.insert(1, f"dead ranks: {', '.join(map(str, dead))}{self._nodes(dead)}")
         for r in finished:
             text = self._outcome(key, r, full=True)
             if text:
@@ -281,6 +283,22 @@ class Watchdog:
                 lines.append(f"{'-' * 20} rank {r} {how} {'-' * 20}\n{text}")
         lines.append("Python stacks of every rank are in the per-rank logs.")
         return "\n".join(lines)
+
+    def _nodes(self, dead: list[int]) -> str:
+        """Where the dead ranks ran, when the world spans several nodes:
+        ' on node 1 (host h): all its ranks'."""
+        try:
+            where = {r: self.store.get(f"node/{r}").decode() for r in range(self.size)}
+        except Exception:
+            return ""
+        if len(set(where.values())) < 2:
+            return ""
+        parts = []
+        for node in sorted({where[r] for r in dead}):
+            on = [r for r in range(self.size) if where[r] == node]
+            whole = all(r in dead for r in on)
+            parts.append(f"{node}{': the whole node died' if whole else ''}")
+        return " on " + "; ".join(parts)
 
     def _outcome(self, key: str | None, r: int, full: bool = False) -> str:
         """Rank r's posted verdict for the test: ' (failed)' or its traceback."""

@@ -10,14 +10,11 @@ import subprocess
 import sys
 import textwrap
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-UNDER_TORCHRUN = "RANK" in os.environ  # children would start worlds on every rank
+from childrun import ROOT, UNDER_TORCHRUN, _junit, _processes_in, _stamps
 
 CHILD_CONFTEST = '''
 import os, time
@@ -37,7 +34,8 @@ def stamp():
 CHILD_INI = """[pytest]
 markers =
     world_size(n): ranks
-    timeout(seconds): watchdog
+    dist_timeout(seconds): watchdog
+    timeout(seconds): legacy watchdog
 """
 
 
@@ -87,43 +85,3 @@ def child(tmp_path: Path):
                      _junit(tmp_path / "junit.xml"), _stamps(tmp_path / "stamps.txt"), tmp_path)
 
     return run
-
-
-def _processes_in(folder: Path, wait: float = 10.0) -> list[str]:
-    """Live processes whose working directory is ``folder`` (the run's own:
-    torchrun, its ranks, worlds), after waiting up to ``wait`` s for them to go."""
-    end = time.monotonic() + wait
-    while True:
-        found = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                if Path(os.readlink(d / "cwd")) == folder.resolve() and (d / "stat").read_text() \
-                        .split(") ", 1)[1][0] not in "ZX":
-                    found.append(f"{d.name}: {(d / 'cmdline').read_bytes()[:200]!r}")
-            except (OSError, IndexError):
-                continue
-        if not found or time.monotonic() > end:
-            return found
-        time.sleep(0.2)
-
-
-def _junit(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kinds = [c.tag for c in case]
-        out[case.get("name")] = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                                 else "skipped" if "skipped" in kinds else "passed")
-    return out
-
-
-def _stamps(path: Path) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            name, _, t = line.split()
-            out[name] = min(out.get(name, float("inf")), float(t))
-    return out

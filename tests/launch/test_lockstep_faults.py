@@ -139,7 +139,7 @@ import pytest, torch, torch.distributed as dist
 def test_sub_world(world):
     t = torch.ones(1); dist.all_reduce(t, group=world.group); assert t.item() == 2
 
-@pytest.mark.timeout(3)
+@pytest.mark.dist_timeout(3)
 def test_rank3_hangs(stamp):
     stamp("hang")
     if dist.get_rank() == 3:
@@ -165,5 +165,8 @@ def test_a_hang_under_plain_torchrun_ends_the_world_in_bounded_time(child) -> No
     coll = next(k for k, ln in enumerate(lines, 1) if ln.endswith("# ALL-REDUCE-LINE"))
     assert re.search(rf"rank 3: stuck at \S*test_hang4.py:{sleep} in test_rank3_hangs", out), out
     assert re.search(rf"rank 2: stuck in collective all_reduce at \S*test_hang4.py:{coll} ", out), out
-    assert "1 tests not run: the world is unusable" in out
-    assert c.outcomes == {"test_sub_world": "passed", "test_rank3_hangs": "failed"}, out
+    assert "1 tests not run: the world is unusable (no restarts left):\n  test_hang4.py::test_never_runs" in out
+    # the resume command skips what ran, the bad test included
+    assert "--dist-start-after=test_hang4.py::test_rank3_hangs" in out, out
+    assert c.outcomes == {"test_sub_world": "passed", "test_rank3_hangs": "failed",
+                          "test_never_runs": "skipped"}, out
