@@ -8,6 +8,14 @@ True)`` cannot promise that: its group names depend on how many groups each
 process made before, so members with different histories pick different
 names and wait for each other forever.)
 
+A group's name is a pure function of the world and its ranks
+(``world_tag()`` + ranks), so compiled code, which bakes group names into its
+generated code, names the same group in every process of the same world
+configuration, and never a group of another world (see ``dtensor.mesh``:
+the world tag is part of how a mesh is named in generated code, hence part of
+every compile cache key). Groups live as long as their world, whatever
+happens to the meshes that asked for them.
+
 Collectives take plain local tensors and a group, and know nothing of specs.
 Every call is counted when a ``CommCounter`` is active.
 """
@@ -32,6 +40,7 @@ __all__ = [
     "get_rank",
     "group_for",
     "is_initialized",
+    "world_tag",
 ]
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated); 2.11 lacks the new name.
@@ -39,7 +48,9 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 _tracing = torch.compiler.is_compiling
 
-_groups: dict[tuple, object] = {}
+# id(default group) -> (default group, {ranks: group}). Holding the default
+# group keeps its id from being reused by a later world's group.
+_groups: dict[int, tuple[object, dict[tuple[int, ...], object]]] = {}
 _groups_lock = threading.Lock()
 _counters: list[Counter] = []
 
@@ -78,29 +89,50 @@ def pop_counter(c: Counter) -> None:
     _counters.remove(c)
 
 
-def _world_key() -> int:
-    # A re-initialised world (destroy + init in one process) must not reuse
-    # groups of the old one.
-    return id(dist.distributed_c10d._get_default_group())
+def world_tag() -> str:
+    """Names the current world: equal on all its ranks, stable across runs.
+
+    ``"local"`` without a process group. Worlds of the same configuration (the
+    default group's name and size) share a tag, so on-disk compile caches
+    carry over between runs of the same launch; different worlds, e.g. a
+    4-rank world and a 2-rank world or a sub-world swapped in by a test
+    service, get different tags, so a program compiled in one is never
+    replayed in another.
+    """
+    if not is_initialized():
+        return "local"
+    pg = dist.distributed_c10d._get_default_group()
+    name = str(pg.group_name).replace(":", ".")
+    return f"{name}.{pg.size()}"
 
 
 def group_for(ranks: Sequence[int]):
     """The process group of exactly ``ranks`` (in that order); members only.
 
-    Cached per rank tuple. The group spanning the whole world in rank order is
+    Cached per world and rank tuple for the world's lifetime (never tied to the
+    mesh that asked first). The group spanning the whole world in rank order is
     the default group, so 1-D meshes over the world create nothing.
     """
     ranks = tuple(int(r) for r in ranks)
-    key = (_world_key(), ranks)
-    group = _groups.get(key)
-    if group is not None:
-        return group
+    world = dist.distributed_c10d._get_default_group()
+    entry = _groups.get(id(world))
+    if entry is not None and entry[0] is world:
+        group = entry[1].get(ranks)
+        if group is not None:
+            return group
     with _groups_lock:
-        group = _groups.get(key)
+        entry = _groups.get(id(world))
+        if entry is None or entry[0] is not world:
+            entry = _groups[id(world)] = (world, {})
+        group = entry[1].get(ranks)
         if group is None:
-            group = _create_group(ranks)
-            _groups[key] = group
+            group = entry[1][ranks] = _create_group(ranks)
     return group
+
+
+def group_name_for(ranks: Sequence[int]) -> str:
+    """The deterministic name ``group_for(ranks)`` registers (non-world groups)."""
+    return f"dtensor:{world_tag()}:" + "_".join(str(int(r)) for r in ranks)
 
 
 def _create_group(ranks: tuple[int, ...]):
@@ -110,7 +142,7 @@ def _create_group(ranks: tuple[int, ...]):
     if ranks == tuple(range(dist.get_world_size())):
         return dist.group.WORLD
     c10d = dist.distributed_c10d
-    name = "dtensor:" + "_".join(map(str, ranks))
+    name = group_name_for(ranks)
     try:
         group, _ = c10d._new_process_group_helper(
             len(ranks),

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._library.opaque_object import MemberType, register_opaque_type
 
-from dtensor.mesh import DeviceMesh, _unpickle_mesh
+from dtensor.mesh import DeviceMesh
 from dtensor.placement import Partial, Replicate, Shard
 
 __all__ = ["draw", "trace_as_calls", "tracing"]
@@ -127,30 +127,6 @@ class _DynamoImportHook(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_then_register
         return spec
-
-
-# Meshes in generated code --------------------------------------------------
-_meshes: dict[tuple, DeviceMesh] = {}
-
-
-def mesh_fx_repr(mesh: DeviceMesh) -> tuple[str, dict]:
-    """``DeviceMesh.__fx_repr__``: an expression naming ``mesh`` in generated code.
-
-    The expression looks the mesh up rather than building a new one (which
-    would create process groups while tracing).
-    """
-    # NOTE: it names this process's rank too. A program traced on one rank
-    # is specialised to that rank's coordinate; compile caches key programs on
-    # their code, so the rank keeps one rank's program from reaching another.
-    key = (mesh.device_type, mesh.ranks, mesh.shape, mesh.mesh_dim_names)
-    _meshes.setdefault(key, mesh)
-    return f"dtensor_mesh{(*key, mesh.get_rank())!r}", {"dtensor_mesh": mesh_from_fx}
-
-
-def mesh_from_fx(device_type: str, ranks, shape, mesh_dim_names, rank: int) -> DeviceMesh:
-    """The mesh that ``mesh_fx_repr`` wrote (``rank`` only keys caches)."""
-    mesh = _meshes.get((device_type, ranks, shape, mesh_dim_names))
-    return mesh if mesh is not None else _unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
 
 
 # Random draws at run time ---------------------------------------------------------

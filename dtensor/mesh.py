@@ -69,6 +69,7 @@ class DeviceMesh:
         "_rank",
         "_ranks",
         "_shape",
+        "_world",
         "device_type",
         "mesh",
         "mesh_dim_names",
@@ -132,7 +133,10 @@ class DeviceMesh:
         self.ndim: int = len(self._shape)
         self.ranks: tuple[int, ...] = ranks  # global ranks, row-major
         self._rank = _comm.get_rank()
-        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names))
+        # The world is part of a mesh's identity: equal ranks in another world
+        # (a re-initialised or swapped-in world) are other processes' groups.
+        self._world = _comm.world_tag()
+        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names, self._world))
         if self._rank in ranks:
             flat = ranks.index(self._rank)
             self._coordinate = tuple(
@@ -287,6 +291,7 @@ class DeviceMesh:
             and self._shape == other._shape
             and self._ranks == other._ranks
             and self.mesh_dim_names == other.mesh_dim_names
+            and self._world == other._world
         )
 
     def __setattr__(self, name: str, value) -> None:
@@ -311,11 +316,28 @@ class DeviceMesh:
         # in the loading process, which must be in the same world.
         return _unpickle_mesh, (self.device_type, self._ranks, self._shape, self.mesh_dim_names)
 
-    def __fx_repr__(self) -> tuple[str, dict]:
-        """This mesh as an expression in code torch.compile generates."""
-        from dtensor._compile import mesh_fx_repr
+    # Naming a mesh in generated code ----------------------------------------
+    def _cache_key(self) -> tuple:
+        """What compiled code for this mesh depends on: geometry, this rank
+        (a program is specialised to its coordinate) and the world (the names
+        of the groups it calls). Compile caches key programs on it, through
+        ``__fx_repr__`` and ``DTensor._stable_hash_for_caching``."""
+        return (
+            self.device_type, self._ranks, self._shape, self.mesh_dim_names,
+            self._rank, self._world,
+        )
 
-        return mesh_fx_repr(self)
+    def __fx_repr__(self) -> tuple[str, dict]:
+        """This mesh as an expression in code torch.compile generates.
+
+        The expression looks the mesh up rather than building a new one (which
+        would create process groups while tracing). Every mesh named this way
+        stays registered for the process's lifetime, so compiled code keeps
+        working after the mesh object that traced it is gone.
+        """
+        key = self._cache_key()
+        _fx_meshes.setdefault(key, self)
+        return f"dtensor_mesh{key!r}", {"dtensor_mesh": _mesh_from_fx}
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
@@ -325,6 +347,28 @@ class DeviceMesh:
         names = self.mesh_dim_names or tuple(f"a{i}" for i in range(self.ndim))
         dims = ",".join(f"{n}={s}" for n, s in zip(names, self._shape, strict=True))
         return f"{self.device_type}<{dims}>"
+
+
+_fx_meshes: dict[tuple, DeviceMesh] = {}
+
+
+def _mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
+    """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
+    key = (device_type, ranks, shape, mesh_dim_names, rank, world)
+    mesh = _fx_meshes.get(key)
+    if mesh is not None:
+        return mesh
+    here = (_comm.get_rank(), _comm.world_tag())
+    if (rank, world) != here:
+        # NOTE: compile caches key programs on rank and world, so this means a
+        # program was carried to another process by hand.
+        raise MeshError(
+            f"compiled code names mesh {ranks} of rank {rank} in world {world!r}, "
+            f"but this process is rank {here[0]} in world {here[1]!r}; recompile "
+            "in this world (clear the torch.compile caches)"
+        )
+    mesh = _unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
+    return _fx_meshes.setdefault(key, mesh)
 
 
 def _unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:

@@ -124,8 +124,9 @@ class DTensor(torch.Tensor):
 
     def _stable_hash_for_caching(self) -> str:
         # torch.compile's autograd cache keys DTensor inputs by this string. A
-        # traced program depends on this rank's coordinate, hence the rank.
-        key = f"{self._spec!r}|{self.requires_grad}|rank={self._spec.mesh.get_rank()}"
+        # traced program depends on this rank's coordinate and names its
+        # world's process groups, hence the mesh's cache key.
+        key = f"{self._spec!r}|{self.requires_grad}|{self._spec.mesh._cache_key()!r}"
         return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
     def __coerce_same_metadata_as_tangent__(self, flatten_spec, expected_type=None):
