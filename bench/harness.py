@@ -4,7 +4,9 @@ The same 20 trivial distributed tests (all_reduce of one float, check the
 sum) run (a) by our service, from plain pytest (worlds launched by the
 plugin) and under torchrun (lockstep), (b) as a ``MultiProcessTestCase``
 suite (processes spawned per test) and (c) as a ``MultiProcContinuousTest``
-suite (one world per class), at 2 and 4 ranks. Each test body records a
+suite (one world per class), at 2, 4 and 8 ranks (8 oversubscribes a 2-core
+machine), plus ours under torchrun as two "nodes" of N/2 ranks on this
+machine (``--nnodes=2``, c10d rendezvous on loopback). Each test body records a
 timestamp on rank 0; the steady-state cost per test is the spread of those
 timestamps over the number of gaps (start-up excluded), and the whole
 command's wall time is reported beside it. It also measures lockstep mode's
@@ -13,6 +15,7 @@ tests in one plain process.
 
     python bench/harness.py                  # markdown tables on stdout
     python bench/harness.py --sizes 2 --reps 1
+    python bench/harness.py --sizes 8 --reps 1 --skip-overhead   # the N=8 rows
 
 MultiProcessTestCase and MultiProcContinuousTest live in
 ``torch.testing._internal``, which needs ``numpy`` and ``expecttest``.
@@ -120,22 +123,39 @@ def pytest_runtestloop(session):
 """
 
 
+TWO_NODES = "ours, torchrun lockstep, 2 nodes"
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+    """Wall seconds of ``cmd``; a ``TWO_NODES`` command is started twice
+    (two "nodes" meeting at one rendezvous) and timed until both end."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), e.get("PYTHONPATH")]))
     e["OMP_NUM_THREADS"] = "1"
     e.update(env or {})
+    copies = 2 if any(a == "--nnodes=2" for a in cmd) else 1
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=1800)
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(copies)]
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
     dt = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"benchmark command failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    for p, out in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise SystemExit(f"benchmark command failed: {' '.join(cmd)}\n{out[-3000:]}")
     return dt
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _setup(d: Path) -> None:
     (d / "conftest.py").write_text(textwrap.dedent(LOOP_TIMER))
-    (d / "pytest.ini").write_text("[pytest]\nmarkers =\n    world_size(n): ranks\n    timeout(s): t\n")
+    (d / "pytest.ini").write_text("[pytest]\nmarkers =\n    world_size(n): ranks\n")
 
 
 def _harness_cmds(n: int, d: Path, count: int, mptc_count: int) -> dict[str, list[str]]:
@@ -145,7 +165,7 @@ def _harness_cmds(n: int, d: Path, count: int, mptc_count: int) -> dict[str, lis
     (d / "test_ours.py").write_text(OURS.format(tests=tests))
     (d / "mpct.py").write_text(MPCT.format(n=n, count=count))
     (d / "mptc.py").write_text(MPTC.format(n=n, count=mptc_count))
-    return {
+    cmds = {
         "ours, plain pytest": [py, "-m", "pytest", *base, "test_ours.py"],
         "ours, torchrun lockstep": [py, "-m", "torch.distributed.run", "--standalone",
                                     f"--nproc-per-node={n}", "-m", "pytest", *base,
@@ -153,6 +173,12 @@ def _harness_cmds(n: int, d: Path, count: int, mptc_count: int) -> dict[str, lis
         "MultiProcContinuousTest": [py, "mpct.py"],
         "MultiProcessTestCase": [py, "mptc.py"],
     }
+    if n >= 4 and n % 2 == 0:
+        cmds[TWO_NODES] = [py, "-m", "torch.distributed.run", "--nnodes=2",
+                           f"--nproc-per-node={n // 2}", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "pytest",
+                           *base, "test_ours.py"]
+    return cmds
 
 
 def _marks(path: Path) -> list[float]:
@@ -228,7 +254,7 @@ def _check_torch_test_deps() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--reps", type=int, default=3,
                    help="runs of each harness (medians are reported)")
     p.add_argument("--mptc-tests", type=int, default=5,
@@ -254,7 +280,9 @@ def main() -> None:
                   f"({min(pers) * 1e3:.1f}) |")
     for n in args.sizes:
         r = {name: med([t for _, t in runs]) for name, runs in rows[n].items()}
-        for ours in ("ours, plain pytest", "ours, torchrun lockstep"):
+        for ours in ("ours, plain pytest", "ours, torchrun lockstep", TWO_NODES):
+            if ours not in r:
+                continue
             parts = [f"MultiProcContinuousTest / ours = {r['MultiProcContinuousTest'] / r[ours]:.2f}x"]
             if "MultiProcessTestCase" in r:
                 parts.insert(0, f"MultiProcessTestCase / ours = {r['MultiProcessTestCase'] / r[ours]:.0f}x")
