@@ -1,7 +1,7 @@
 """Covers: launch/subworld.py and launch/rank.py, black-box: under a torchrun
 world of N ranks a world_size(n) test sees a world of exactly n, with bare
 collectives (no ``group=``), ``dist.get_world_size()``, ``dist.barrier()``,
-``dist.new_group`` and the env, and the full world is back afterwards."""
+``dist.new_group``, ``all_gather`` and the env, and the full world is back afterwards."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def test_whole_world():
 @pytest.mark.world_size(2)
 def test_two_again_reuses_its_groups(world):
     assert _sum_of_ones() == 2
-    ranks = [None, None]
-    dist.all_gather_object(ranks, dist.get_rank())
-    assert ranks == [0, 1]
+    ranks = [torch.zeros(1), torch.zeros(1)]
+    dist.all_gather(ranks, torch.tensor([float(dist.get_rank())]))
+    assert [int(r.item()) for r in ranks] == [0, 1]
 
 @pytest.mark.world_size(3)
 def test_three(world):
