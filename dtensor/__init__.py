@@ -5,8 +5,24 @@ Public names mirror ``torch.distributed.tensor``; switch by changing the import.
 
 from __future__ import annotations
 
+# checkpoint registers DTensor's rebuild function for torch.load(weights_only=True).
+from dtensor import (
+    checkpoint,
+    debug,
+    experimental,
+    interop,
+    parallel,
+)
 from dtensor.dispatch import implicit_replication
-from dtensor.errors import MeshError, PlacementError, ShardingError, UnsupportedOpError
+from dtensor.errors import (
+    CrossMeshError,
+    MeshAxisError,
+    MeshError,
+    PlacementError,
+    ShardDimError,
+    ShardingError,
+    UnsupportedOpError,
+)
 from dtensor.factories import (
     empty,
     full,
@@ -18,15 +34,18 @@ from dtensor.factories import (
     zeros,
 )
 from dtensor.mesh import DeviceMesh, current_mesh, init_device_mesh
+from dtensor.module import distribute_module
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.sharding import OpCall, Sharding, register_rule
 from dtensor.spec import DTensorSpec, TensorMeta
 from dtensor.tensor import DTensor, distribute_tensor
 
 __all__ = [
+    "CrossMeshError",
     "DTensor",
     "DTensorSpec",
     "DeviceMesh",
+    "MeshAxisError",
     "MeshError",
     "OpCall",
     "Partial",
@@ -34,18 +53,25 @@ __all__ = [
     "PlacementError",
     "Replicate",
     "Shard",
+    "ShardDimError",
     "Sharding",
     "ShardingError",
     "TensorMeta",
     "UnsupportedOpError",
+    "checkpoint",
     "current_mesh",
+    "debug",
+    "distribute_module",
     "distribute_tensor",
     "empty",
+    "experimental",
     "full",
     "implicit_replication",
     "init_device_mesh",
+    "interop",
     "manual_seed",
     "ones",
+    "parallel",
     "rand",
     "randint",
     "randn",

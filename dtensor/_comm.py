@@ -76,12 +76,27 @@ def get_world_size() -> int:
     return dist.get_world_size() if is_initialized() else 1
 
 
-def count(kind: str) -> None:
+def count(kind: str, t: torch.Tensor | None = None, copies: int = 1) -> None:
+    """Record one collective of ``kind`` filling ``copies`` times ``t``'s bytes.
+
+    The bytes are those of the buffer the collective fills on this rank (for
+    an all-gather, every rank's piece). Costs one list check when nothing
+    listens.
+    """
+    if not _counters:
+        return
+    nbytes = t.numel() * t.element_size() * copies if t is not None else 0
     for c in _counters:
-        c[kind] += 1
+        record = getattr(c, "record", None)
+        if record is None:  # a bare Counter: counts only
+            c[kind] += 1
+        else:
+            record(kind, nbytes)
 
 
-def push_counter(c: Counter) -> None:
+def push_counter(c) -> None:
+    """Listen to collectives: a ``Counter`` (counts by kind) or an object with
+    ``record(kind, nbytes)`` (see ``dtensor.debug``)."""
     _counters.append(c)
 
 
@@ -209,7 +224,7 @@ def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
     """Reduce ``t`` over ``group`` with ``op`` (sum/avg/max/min); returns a new tensor."""
     if t.numel() == 0:
         return t.clone()
-    count("all_reduce")
+    count("all_reduce", t)
     buf, back = _wire(t, op)
     if not _tracing() and buf.data_ptr() == t.data_ptr():
         buf = buf.clone()  # reduced in place (traced collectives are functional)
@@ -239,7 +254,7 @@ def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     n = dist.get_world_size(group)
     if t.numel() == 0:  # same padded shape everywhere, so nobody sends
         return [t] * n
-    count("all_gather")
+    count("all_gather", t, n)
     buf, back = _wire(t)
     shape = buf.shape
     if buf.is_complex():
@@ -263,7 +278,7 @@ def all_gather_cat(t: torch.Tensor, group) -> torch.Tensor:
     n = dist.get_world_size(group)
     if t.numel() == 0 or t.dtype in _CARRIERS or t.is_complex():
         return torch.cat(all_gather(t, group), dim=0)
-    count("all_gather")
+    count("all_gather", t, n)
     t = t.contiguous()
     if _tracing():
         return _funcol_gather(t, 0, group)
@@ -274,7 +289,7 @@ def all_gather_cat(t: torch.Tensor, group) -> torch.Tensor:
 
 def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:
     """``t`` from group rank ``src_group_rank`` to all; returns the received tensor."""
-    count("broadcast")
+    count("broadcast", t)
     buf, back = _wire(t)
     if not _tracing() and buf.data_ptr() == t.data_ptr():
         buf = buf.clone()  # reduced in place (traced collectives are functional)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from dtensor import _comm
-from dtensor.errors import MeshError
+from dtensor.errors import MeshAxisError, MeshError
 
 __all__ = ["DeviceMesh", "current_mesh", "init_device_mesh"]
 
@@ -225,7 +225,7 @@ class DeviceMesh:
     def _axis(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                raise MeshError(
+                raise MeshAxisError(
                     f"mesh has no axis named {mesh_dim!r}; "
                     f"its axes are {self.mesh_dim_names}"
                 )
@@ -233,7 +233,7 @@ class DeviceMesh:
         if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int):
             raise MeshError(f"mesh axis must be an int or a name, got {mesh_dim!r}")
         if not -self.ndim <= mesh_dim < self.ndim:
-            raise MeshError(
+            raise MeshAxisError(
                 f"mesh axis {mesh_dim} out of range for a {self.ndim}-D mesh"
             )
         return mesh_dim % self.ndim

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dtensor.errors import PlacementError
+from dtensor.errors import PlacementError, ShardDimError
 from dtensor.placement import (
     Partial,
     Placement,
@@ -150,7 +150,7 @@ def _normalize(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[Placement,
         if isinstance(p, Shard):
             dim = p.dim + tensor_ndim if p.dim < 0 else p.dim
             if not 0 <= dim < tensor_ndim:
-                raise PlacementError(
+                raise ShardDimError(
                     f"placements[{axis}] = {p}: tensor has {tensor_ndim} dims, "
                     f"valid shard dims are {-tensor_ndim}..{tensor_ndim - 1}"
                     if tensor_ndim
