@@ -16,7 +16,7 @@ import torch
 from dtensor import _comm, _compile
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
-from dtensor.errors import MeshError, PlacementError, ShardingError
+from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
 from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
 from dtensor.redistribute import device_of as _device_of
@@ -139,6 +139,28 @@ class DTensor(torch.Tensor):
             return None
         return self.redistribute(spec.mesh, spec.placements)
 
+    # torch.save (weights_only loads) and torch.distributed.checkpoint's
+    # tensor-subclass protocol; the logic lives in dtensor/checkpoint.py.
+    def __reduce_ex__(self, protocol):
+        from dtensor import checkpoint
+
+        return checkpoint.reduce_dtensor(self)
+
+    def __create_write_items__(self, fqn: str, object):
+        from dtensor import checkpoint
+
+        return checkpoint.create_write_items(self, fqn)
+
+    def __create_chunk_list__(self):
+        from dtensor import checkpoint
+
+        return checkpoint.create_chunk_list(self)
+
+    def __get_tensor_shard__(self, index):
+        from dtensor import checkpoint
+
+        return checkpoint.get_tensor_shard(self, index)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         # dispatch() handles random ops too (off its fast path).
@@ -231,7 +253,7 @@ class DTensor(torch.Tensor):
         """
         mesh = device_mesh or self._spec.mesh
         if mesh != self._spec.mesh:
-            raise MeshError(
+            raise CrossMeshError(
                 f"redistribute: cannot move between meshes ({self._spec.mesh} -> "
                 f"{mesh}); redistribute on {self._spec.mesh} or use from_local"
             )
