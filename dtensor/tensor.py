@@ -18,7 +18,15 @@ from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
-from dtensor.placement import Partial, Placement, Replicate, Shard, format_placements
+from dtensor.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placements,
+    partial_to_replicate,
+    replicated,
+)
 from dtensor.redistribute import device_of as _device_of
 from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import mesh_max as _mesh_max
@@ -191,7 +199,7 @@ class DTensor(torch.Tensor):
         _check_tensor(local_tensor, "from_local")
         mesh = _resolve_mesh(device_mesh, "from_local")
         if placements is None:
-            placements = (Replicate(),) * mesh.ndim
+            placements = replicated(mesh)
         if shape is None:
             if stride is not None:
                 raise PlacementError("from_local: stride given without shape")
@@ -274,8 +282,8 @@ class DTensor(torch.Tensor):
 
         Ranks outside the mesh get an empty tensor of the right dtype.
         """
-        replicated = self.redistribute(self._spec.mesh, [Replicate()] * self._spec.mesh.ndim)
-        return replicated.to_local(grad_placements=grad_placements)
+        full = self.redistribute(self._spec.mesh, replicated(self._spec.mesh))
+        return full.to_local(grad_placements=grad_placements)
 
 
 def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
@@ -309,9 +317,7 @@ def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
     """
     if not src.has_partial():
         return src
-    return src.with_placements(
-        [Replicate() if isinstance(p, Partial) else p for p in src.placements]
-    )
+    return src.with_placements(partial_to_replicate(src.placements))
 
 
 def _partial_scale(src: DTensorSpec) -> int:
@@ -401,10 +407,7 @@ class _Distribute(torch.autograd.Function):
         local = tensor.detach()
         if src_data_rank is not None and mesh.size() > 1:
             local = _broadcast_from(local, mesh, src_data_rank)
-        replicated = spec.with_placements(
-            [Replicate() if isinstance(p, Shard) else p for p in spec.placements]
-        )
-        src = replicated.with_placements([Replicate()] * mesh.ndim)
+        src = spec.with_placements(replicated(mesh))
         local = redistribute_local(local, src, spec)
         if local is tensor or local._base is tensor:
             local = local.clone()
@@ -416,7 +419,7 @@ class _Distribute(torch.autograd.Function):
         if spec.mesh.get_coordinate() is None:
             return None, None, None
         full = redistribute_local(
-            grad._local_tensor, spec, spec.with_placements([Replicate()] * spec.mesh.ndim)
+            grad._local_tensor, spec, spec.with_placements(replicated(spec.mesh))
         )
         return full, None, None
 
@@ -481,7 +484,7 @@ def distribute_tensor(
         )
     mesh = _resolve_mesh(device_mesh, "distribute_tensor")
     if placements is None:
-        placements = (Replicate(),) * mesh.ndim
+        placements = replicated(mesh)
     _check_src_data_rank(mesh, src_data_rank)
     device = _device_of(mesh)
     if tensor.device.type != device.type:

@@ -6,16 +6,15 @@ import math
 
 import torch
 
-from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.placement import Placement, Replicate, Shard
 
 __all__ = [
     "bind",
-    "even",
+    "is_float",
     "norm_dim",
     "num_shards",
-    "partial_to_replicate",
     "returns",
-    "shard_dims",
+    "shard_through_broadcast",
 ]
 
 
@@ -57,18 +56,14 @@ def num_shards(spec, dim: int) -> int:
     )
 
 
-def even(spec, dim: int) -> bool:
-    """Every piece of ``dim`` has the same (non-zero) length."""
-    n = num_shards(spec, dim)
-    return spec.shape[dim] % n == 0 and spec.shape[dim] > 0
-
-
-def shard_dims(placements) -> set[int]:
-    return {p.dim for p in placements if isinstance(p, Shard)}
-
-
-def partial_to_replicate(placements) -> tuple[Placement, ...]:
-    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+def shard_through_broadcast(p: Shard, shape, out_shape) -> Placement:
+    """What an operand of ``shape``, broadcast to ``out_shape``, needs on a mesh
+    axis where the result is sharded by ``p``: the shard of its matching dim,
+    or ``Replicate`` where it lacks that dim or broadcasts it (size 1)."""
+    d = p.dim - (len(out_shape) - len(shape))
+    if d < 0 or (shape[d] == 1 and out_shape[p.dim] != 1):
+        return Replicate()
+    return Shard(d)
 
 
 def is_float(dtype: torch.dtype) -> bool:

@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
+from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
+from dtensor.rules._util import shard_through_broadcast
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "einsum_rule"]
@@ -48,9 +49,9 @@ def _candidates(la: str, lb: str, lo: str, pa, pb):
     for letter in la:
         if letter in lb and letter not in lo:
             yield Shard(la.index(letter)), Shard(lb.index(letter)), Partial("sum")
-    if isinstance(pa, Partial) and pa.reduce_op in ("sum", "avg"):
+    if is_linear_partial(pa):
         yield pa, Replicate(), pa
-    if isinstance(pb, Partial) and pb.reduce_op in ("sum", "avg"):
+    if is_linear_partial(pb):
         yield Replicate(), pb, pb
 
 
@@ -70,19 +71,12 @@ def _choose(la, lb, lo, a, b):
     return tuple(wa_all), tuple(wb_all), tuple(out)
 
 
-def _bias_want(bias, out_shape_ndim: int, out_shape, out):
-    lead = out_shape_ndim - bias.ndim
-    want = []
-    for p in out:
-        if isinstance(p, Shard):
-            d = p.dim - lead
-            if d < 0 or (bias.shape[d] == 1 and out_shape[p.dim] != 1):
-                want.append(Replicate())
-            else:
-                want.append(Shard(d))
-        else:
-            want.append(p)  # a partial output needs a partial bias (zeros elsewhere)
-    return tuple(want)
+def _bias_want(bias, out_shape, out):
+    # A partial output needs a partial bias (zeros elsewhere).
+    return tuple(
+        shard_through_broadcast(p, bias.shape, out_shape) if isinstance(p, Shard) else p
+        for p in out
+    )
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -114,7 +108,7 @@ def einsum_rule(spec: str, bias: bool = False):
         if len(out_shape) < specs[0].ndim:
             return None
         fits = fits and _broadcasts_to(specs[0].shape, out_shape)
-        wbias = _bias_want(specs[0], len(out_shape), out_shape, out)
+        wbias = _bias_want(specs[0], out_shape, out)
         return Sharding((wbias, wa, wb), (out,), shapes=(out_shape,) if fits else None)
 
     return rule

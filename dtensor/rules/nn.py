@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
+from dtensor.placement import Partial, Replicate, Shard, is_linear_partial, replicated
 from dtensor.rules._util import bind
 from dtensor.rules.pointwise import pointwise_rule
 from dtensor.sharding import Sharding
@@ -40,8 +40,7 @@ def layer_norm_rule(call):
     a = bind(call)
     axis = x.ndim - len(a["normalized_shape"])
     want = _batch_only(x, axis)
-    rep = (Replicate(),) * x.mesh.ndim
-    inputs = (want,) + (rep,) * (len(call.specs) - 1)
+    inputs = (want,) + (replicated(x.mesh),) * (len(call.specs) - 1)
     return Sharding(inputs, (want, want, want))
 
 
@@ -50,10 +49,9 @@ def layer_norm_backward_rule(call):
     x = call.specs[1]
     axis = x.ndim - len(a["normalized_shape"])
     want = _batch_only(x, axis)
-    if want == (Replicate(),) * x.mesh.ndim:
+    if want == replicated(x.mesh):
         want = _batch_only(call.specs[0], axis)
-    rep = (Replicate(),) * x.mesh.ndim
-    inputs = (want, want, want, want) + (rep,) * (len(call.specs) - 4)
+    inputs = (want, want, want, want) + (replicated(x.mesh),) * (len(call.specs) - 4)
     reduced = _sum_over_batch(want)
     return Sharding(inputs, (want, reduced, reduced))
 
@@ -66,7 +64,7 @@ def embedding_rule(call):
             ww.append(Replicate()), wi.append(pi), out.append(pi)
         elif isinstance(pw, Shard) and pw.dim == 1:
             ww.append(pw), wi.append(Replicate()), out.append(Shard(indices.ndim))
-        elif isinstance(pw, Partial) and pw.reduce_op in ("sum", "avg"):
+        elif is_linear_partial(pw):
             ww.append(pw), wi.append(Replicate()), out.append(pw)
         else:
             ww.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
@@ -86,7 +84,7 @@ def embedding_backward_rule(call):
             wg.append(batch), wi.append(batch), out.append(Partial("sum"))
         elif isinstance(pg, Shard) and pg.dim == last:
             wg.append(pg), wi.append(Replicate()), out.append(Shard(1))
-        elif isinstance(pg, Partial) and pg.reduce_op in ("sum", "avg"):
+        elif is_linear_partial(pg):
             wg.append(pg), wi.append(Replicate()), out.append(pg)
         else:
             wg.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
@@ -96,7 +94,7 @@ def embedding_backward_rule(call):
 def _nll_batch(x, target):
     """Per axis: Shard(0) where the batch may stay sharded, else Replicate."""
     if x.ndim != 2 or target.ndim != 1:
-        return (Replicate(),) * x.mesh.ndim
+        return replicated(x.mesh)
     return tuple(
         Shard(0) if p == Shard(0) or q == Shard(0) else Replicate()
         for p, q in zip(x.placements, target.placements, strict=True)
@@ -106,7 +104,7 @@ def _nll_batch(x, target):
 def nll_loss_rule(call):
     a = bind(call)
     x, target = call.specs[0], call.specs[1]
-    rep = (Replicate(),) * x.mesh.ndim
+    rep = replicated(x.mesh)
     want = _nll_batch(x, target)
     if a["reduction"] == 1:  # mean: divides by the global weight total
         want = rep
@@ -119,7 +117,7 @@ def nll_loss_rule(call):
 def nll_loss_backward_rule(call):
     a = bind(call)
     grad, x, target = call.specs[0], call.specs[1], call.specs[2]
-    rep = (Replicate(),) * x.mesh.ndim
+    rep = replicated(x.mesh)
     want = _nll_batch(x, target)
     if a["reduction"] == 0 and grad.ndim != 1:
         want = rep

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.rules._util import shard_through_broadcast
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "pointwise_rule"]
@@ -47,7 +48,7 @@ def _is_inplace(func) -> bool:
 def _partial_ok(func, specs, axis: int) -> bool:
     kinds = [s.placements[axis] for s in specs]
     partial = [p for p in kinds if isinstance(p, Partial)]
-    if any(p.reduce_op not in ("sum", "avg") for p in partial):
+    if not all(p.is_linear for p in partial):
         return False
     if func in _SCALING:
         return len(specs) == 1 or all(isinstance(p, Replicate) for p in kinds[1:])
@@ -107,11 +108,7 @@ def pointwise_rule(call):
         want = []
         for axis, choice in enumerate(out):
             if isinstance(choice, Shard):
-                d = choice.dim - (ndim - s.ndim)
-                if d < 0 or (s.shape[d] == 1 and shape[choice.dim] != 1):
-                    want.append(Replicate())
-                else:
-                    want.append(Shard(d))
+                want.append(shard_through_broadcast(choice, s.shape, shape))
             elif isinstance(choice, Partial):
                 p = s.placements[axis]
                 want.append(p if isinstance(p, Partial) else Replicate())

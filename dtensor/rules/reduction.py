@@ -15,7 +15,13 @@ import math
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
+from dtensor.placement import (
+    Partial,
+    Replicate,
+    Shard,
+    is_linear_partial,
+    partial_to_replicate,
+)
 from dtensor.rules._util import bind, norm_dim, returns
 from dtensor.sharding import Sharding
 
@@ -60,10 +66,7 @@ def _reduction(kind: str, call):
             want.append(p)
             out.append(Partial("sum"))
             partial_sum = True
-        elif isinstance(p, Partial) and kind in ("sum", "mean") and p.reduce_op in (
-            "sum",
-            "avg",
-        ):
+        elif is_linear_partial(p) and kind in ("sum", "mean"):
             want.append(p)
             out.append(p)
         else:
@@ -129,13 +132,12 @@ def linear_along_dim_rule(call):
     dim = norm_dim(a["dim"], spec.ndim)
     want = tuple(
         p
-        if (isinstance(p, Shard) and p.dim != dim)
-        or (isinstance(p, Partial) and p.reduce_op in ("sum", "avg"))
+        if (isinstance(p, Shard) and p.dim != dim) or is_linear_partial(p)
         else Replicate()
         for p in spec.placements
     )
     if a.get("dtype") is not None and not a["dtype"].is_floating_point:
-        want = tuple(Replicate() if isinstance(p, Partial) else p for p in want)
+        want = partial_to_replicate(want)
     return Sharding((want,), (want,))
 
 

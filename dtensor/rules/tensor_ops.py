@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
-from dtensor.rules._util import bind, is_float, partial_to_replicate
+from dtensor.placement import Shard, partial_to_replicate, replicated
+from dtensor.rules._util import bind, is_float, shard_through_broadcast
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES"]
@@ -27,17 +27,11 @@ def copy_rule(call):
         is_float(dst.dtype) and is_float(src.dtype)
     ):
         return None
-    lead = dst.ndim - src.ndim
-    want = []
-    for p in dst.placements:
-        if isinstance(p, Shard):
-            d = p.dim - lead
-            if d < 0 or (src.shape[d] == 1 and dst.shape[p.dim] != 1):
-                want.append(Replicate())
-            else:
-                want.append(Shard(d))
-        else:
-            want.append(p)  # Replicate, or Partial: the source becomes partial too
+    # Replicate, or Partial: the source becomes partial too.
+    want = [
+        shard_through_broadcast(p, src.shape, dst.shape) if isinstance(p, Shard) else p
+        for p in dst.placements
+    ]
     return Sharding((None, tuple(want)), (dst.placements,))
 
 
@@ -72,7 +66,7 @@ def new_rule(call):
     device = a.get("device")
     if device is not None and torch.device(device).type != spec.mesh.device_type:
         return None
-    return Sharding((None,) * len(call.specs), ((Replicate(),) * spec.mesh.ndim,))
+    return Sharding((None,) * len(call.specs), (replicated(spec.mesh),))
 
 
 def equal_rule(call):
@@ -85,8 +79,7 @@ def equal_rule(call):
 def _partial_keeps_zero(call):
     """``zero_`` keeps any layout (zero pieces sum to zero)."""
     (spec,) = call.specs
-    if any(isinstance(p, Partial) and p.reduce_op not in ("sum", "avg")
-           for p in spec.placements):
+    if any(p.is_partial() and not p.is_linear for p in spec.placements):
         return None
     return Sharding((None,), (spec.placements,))
 

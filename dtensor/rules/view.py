@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
+from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
 from dtensor.rules._util import bind, norm_dim, num_shards
 from dtensor.sharding import Sharding
 from dtensor.spec import local_block
@@ -22,10 +22,6 @@ from dtensor.spec import local_block
 __all__ = ["RULES", "view_groups"]
 
 aten = torch.ops.aten
-
-
-def _linear_partial(p) -> bool:
-    return isinstance(p, Partial) and p.reduce_op in ("sum", "avg")
 
 
 def _map_dims(spec, dim_map, *, partial_ok: bool = True):
@@ -40,7 +36,7 @@ def _map_dims(spec, dim_map, *, partial_ok: bool = True):
             else:
                 want.append(p)
                 out.append(Shard(od))
-        elif isinstance(p, Partial) and not (partial_ok and _linear_partial(p)):
+        elif isinstance(p, Partial) and not (partial_ok and is_linear_partial(p)):
             want.append(Replicate())
             out.append(Replicate())
         else:
@@ -127,7 +123,7 @@ def view_rule(call):
         return Sharding((None,), (spec.placements,), local=_view_local)
     groups = view_groups(spec.shape, tuple(size))
     if groups is None:
-        if all(isinstance(p, Replicate) or _linear_partial(p) for p in spec.placements):
+        if all(isinstance(p, Replicate) or is_linear_partial(p) for p in spec.placements):
             return Sharding((None,), (spec.placements,))
         return None
     where = {}
@@ -247,7 +243,8 @@ def slice_rule(call):
     return Sharding((want,), (out,))
 
 
-def select_rule(call):
+def drop_dim_rule(call):
+    """select / unbind: ``dim`` goes away (gathered first where sharded)."""
     (spec,) = call.specs
     dim = norm_dim(bind(call)["dim"], spec.ndim)
     want, out = _map_dims(spec, lambda d: None if d == dim else d - (d > dim))
@@ -263,13 +260,6 @@ def split_rule(call):
     return Sharding((want,), (out,))
 
 
-def unbind_rule(call):
-    (spec,) = call.specs
-    dim = norm_dim(bind(call)["dim"], spec.ndim)
-    want, out = _map_dims(spec, lambda d: None if d == dim else d - (d > dim))
-    return Sharding((want,), (out,))
-
-
 # cat / stack -------------------------------------------------------------------------
 def _join(specs, dim: int, shift: bool):
     """Shared placements for concatenated operands; their output placements."""
@@ -277,7 +267,7 @@ def _join(specs, dim: int, shift: bool):
     for axis in range(specs[0].mesh.ndim):
         kinds = [s.placements[axis] for s in specs]
         choice = Replicate()
-        if all(k == kinds[0] for k in kinds) and _linear_partial(kinds[0]):
+        if all(k == kinds[0] for k in kinds) and is_linear_partial(kinds[0]):
             choice = kinds[0]
         else:
             for k in kinds:
@@ -323,7 +313,7 @@ def index_select_rule(call):
     for px, pi in zip(x.placements, index.placements, strict=True):
         if isinstance(px, Shard) and px.dim != dim:
             wx.append(px), wi.append(Replicate()), out.append(px)
-        elif _linear_partial(px):
+        elif is_linear_partial(px):
             wx.append(px), wi.append(Replicate()), out.append(px)
         elif isinstance(pi, Shard) and x.ndim > 0:
             wx.append(Replicate()), wi.append(pi), out.append(Shard(dim))
@@ -345,7 +335,7 @@ def gather_rule(call):
             and index.shape[px.dim] == x.shape[px.dim]
         ):
             wx.append(px), wi.append(px), out.append(px)
-        elif _linear_partial(px) and not isinstance(pi, Shard):
+        elif is_linear_partial(px) and not isinstance(pi, Shard):
             wx.append(px), wi.append(Replicate()), out.append(px)
         elif isinstance(pi, Shard):
             wx.append(Replicate()), wi.append(pi), out.append(pi)
@@ -383,10 +373,10 @@ RULES: dict = {
     aten.squeeze.dims: squeeze_rule,
     aten.expand.default: expand_rule,
     aten.slice.Tensor: slice_rule,
-    aten.select.int: select_rule,
+    aten.select.int: drop_dim_rule,
     aten.split.Tensor: split_rule,
     aten.split_with_sizes.default: split_rule,
-    aten.unbind.int: unbind_rule,
+    aten.unbind.int: drop_dim_rule,
     aten.cat.default: cat_rule,
     aten.stack.default: stack_rule,
     aten.index_select.default: index_select_rule,
