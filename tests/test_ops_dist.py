@@ -1,11 +1,12 @@
-"""Covers: dtensor/dispatch.py and dtensor/rules/ on Gloo worlds: every op row
-against the single-device result, for Replicate, Shard on each dim (uneven
+"""Covers: dtensor/dispatch/ and dtensor/rules/ on Gloo worlds: every row of
+the op table (dtensor/testing/op_table.py) with an example against the
+single-device result, for Replicate, Shard on each dim (uneven
 sizes included) and Partial inputs; zero-collective guarantees; errors."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from dtensor import (
     implicit_replication,
 )
 from dtensor.debug import CommCounter
+from dtensor.testing.op_table import TABLE, OpCase
 
 W2 = pytest.mark.world_size(2)
 W4 = pytest.mark.world_size(4)
@@ -79,148 +81,25 @@ def check(fn: Callable, inputs, mesh, *, partial: bool = True, combos=None) -> i
             combos.add(tuple((Shard(d),) if t.ndim > d else (Replicate(),) for t in inputs))
         combos = sorted(combos, key=str)
     for combo in combos:
-        dts = [distribute_tensor(t.clone(), mesh, list(p)) for t, p in zip(inputs, combo)]
+        dts = [distribute_tensor(t.clone(), mesh, list(p)) for t, p in zip(inputs, combo, strict=True)]
         with implicit_replication():  # index tensors and targets in the lambdas
             got = _full(fn(*dts))
         _close(got, want, f"{fn.__name__ if hasattr(fn, '__name__') else fn} {combo}")
     return len(combos)
 
 
-class Op(NamedTuple):
-    name: str
-    fn: Callable
-    shapes: tuple
-    partial: bool = True
-    make: Callable | None = None
+# The rows of the one op table (dtensor/testing/op_table.py) with fixed shapes.
+OPS = [case for case in TABLE if case.example is not None]
 
 
 def _rand(*shape):
     return torch.randn(*shape)
 
 
-OPS = [
-    # pointwise: unary, binary with broadcasting/type promotion, ternary, scalars
-    Op("neg", torch.neg, ((5, 3),)),
-    Op("exp", torch.exp, ((5, 3),)),
-    Op("relu", torch.relu, ((4, 3),)),
-    Op("gelu", F.gelu, ((4, 3),)),
-    Op("add", torch.add, ((5, 3), (5, 3))),
-    Op("add_bcast", torch.add, ((5, 3), (3,))),
-    Op("add_bcast_col", torch.add, ((5, 3), (5, 1))),
-    Op("sub_alpha", lambda a, b: torch.sub(a, b, alpha=2), ((4, 4), (4, 4))),
-    Op("mul", torch.mul, ((5, 3), (5, 3))),
-    Op("div", torch.div, ((5, 3), (1, 3))),
-    Op("mul_scalar", lambda a: a * 2.5 + 1, ((5, 3),)),
-    Op("int_promote", lambda a: a.to(torch.int64) + 1.5, ((5, 3),), False),
-    Op("where", lambda c, a, b: torch.where(c > 0, a, b), ((5, 3), (5, 3), (3,))),
-    Op("addcmul", torch.addcmul, ((4, 3), (4, 3), (4, 3))),
-    Op("lerp", lambda a, b: torch.lerp(a, b, 0.3), ((4, 3), (4, 3))),
-    Op("zero_d_plain", lambda a: a * torch.tensor(3.0), ((5, 3),)),
-    Op("comparison", lambda a, b: a < b, ((5, 3), (5, 3))),
-    Op("masked_fill", lambda a: a.masked_fill(a > 0, 0.5), ((5, 3),)),
-    Op("clamp", lambda a: a.clamp(-0.5, 0.5), ((5, 3),)),
-    # in-place and out=
-    Op("add_", lambda a, b: a.add_(b), ((5, 3), (5, 3))),
-    Op("mul_", lambda a, b: a.mul_(b), ((5, 3), (3,))),
-    Op("copy_", lambda a, b: a.copy_(b), ((5, 3), (5, 3))),
-    Op("copy_bcast", lambda a, b: a.copy_(b), ((5, 3), (3,))),
-    Op("add_out", lambda a, b, o: (torch.add(a, b, out=o), o)[1], ((5, 3), (5, 3), (5, 3))),
-    Op("fill_", lambda a: a.fill_(2.0), ((5, 3),)),
-    Op("zero_", lambda a: a.zero_(), ((5, 3),)),
-    # reductions
-    Op("sum", torch.sum, ((5, 3),)),
-    Op("sum0", lambda a: a.sum(0), ((5, 3),)),
-    Op("sum1_keep", lambda a: a.sum(1, keepdim=True), ((5, 3),)),
-    Op("sum_dims", lambda a: a.sum((0, 2)), ((3, 4, 5),)),
-    Op("mean", torch.mean, ((5, 3),)),
-    Op("mean0", lambda a: a.mean(0), ((5, 3),)),
-    Op("mean1", lambda a: a.mean(-1, keepdim=True), ((3, 5),)),
-    Op("prod", lambda a: a.prod(1), ((5, 3),)),
-    Op("amax", lambda a: a.amax(0), ((5, 3),)),
-    Op("amin_all", lambda a: a.amin(), ((5, 3),)),
-    Op("max_dim", lambda a: tuple(a.max(0)), ((5, 3),)),
-    Op("min_dim", lambda a: tuple(a.min(1, keepdim=True)), ((5, 3),)),
-    Op("max_all", torch.max, ((5, 3),)),
-    Op("argmax", lambda a: a.argmax(0), ((5, 3),)),
-    Op("argmin_all", lambda a: a.argmin(), ((5, 3),)),
-    Op("norm", lambda a: a.norm(), ((5, 3),)),
-    Op("norm_dim", lambda a: torch.linalg.vector_norm(a, 3, dim=1), ((5, 3),)),
-    Op("var", lambda a: a.var(0), ((5, 3),)),
-    Op("std", lambda a: a.std(1, correction=0), ((5, 3),)),
-    Op("any", lambda a: (a > 1).any(0), ((5, 3),)),
-    Op("all", lambda a: (a > -3).all(), ((5, 3),)),
-    Op("logsumexp", lambda a: a.logsumexp(1), ((5, 3),)),
-    Op("cumsum", lambda a: a.cumsum(1), ((5, 3),)),
-    Op("sort", lambda a: tuple(a.sort(0)), ((5, 3),)),
-    Op("topk", lambda a: tuple(a.topk(2, 1)), ((5, 3),)),
-    # matmul family
-    Op("mm", torch.mm, ((5, 4), (4, 3))),
-    Op("mm_same", lambda a: torch.mm(a, a), ((4, 4),)),
-    Op("bmm", torch.bmm, ((3, 5, 4), (3, 4, 2))),
-    Op("addmm", torch.addmm, ((3,), (5, 4), (4, 3))),
-    Op("addmm_2d", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), ((5, 3), (5, 4), (4, 3))),
-    Op("baddbmm", torch.baddbmm, ((3, 5, 2), (3, 5, 4), (3, 4, 2))),
-    Op("matmul_3d_2d", torch.matmul, ((2, 5, 4), (4, 3))),
-    Op("linear", F.linear, ((5, 4), (3, 4), (3,))),
-    Op("mv", torch.mv, ((5, 4), (4,))),
-    Op("dot", torch.dot, ((5,), (5,))),
-    Op("einsum", lambda a, b: torch.einsum("bij,bjk->bik", a, b), ((2, 3, 4), (2, 4, 5))),
-    # views and shape ops
-    Op("view_merge", lambda a: a.view(-1), ((4, 3),)),
-    Op("view_merge_uneven", lambda a: a.view(15), ((5, 3),)),
-    Op("view_split", lambda a: a.view(2, 3, 4), ((6, 4),)),
-    Op("reshape", lambda a: a.reshape(3, 2, 4), ((6, 4),)),
-    Op("flatten", lambda a: a.flatten(1), ((4, 3, 2),)),
-    Op("unflatten", lambda a: a.unflatten(1, (2, 3)), ((4, 6),)),
-    Op("transpose", lambda a: a.transpose(0, 1), ((5, 3),)),
-    Op("permute", lambda a: a.permute(2, 0, 1), ((2, 3, 5),)),
-    Op("t", lambda a: a.t(), ((5, 3),)),
-    Op("unsqueeze", lambda a: a.unsqueeze(1), ((5, 3),)),
-    Op("squeeze", lambda a: a.squeeze(), ((5, 1, 2),)),
-    Op("squeeze_dim", lambda a: a.squeeze(0), ((2, 3),)),
-    Op("expand", lambda a: a.expand(2, 5, 3), ((5, 3),)),
-    Op("expand_one", lambda a: a.expand(4, 3), ((1, 3),)),
-    Op("slice", lambda a: a[1:4, ::2], ((5, 3),)),
-    Op("slice_all", lambda a: a[:, 1:], ((5, 3),)),
-    Op("select", lambda a: a[2], ((5, 3),)),
-    Op("select_col", lambda a: a[:, 1], ((5, 3),)),
-    Op("narrow", lambda a: a.narrow(1, 1, 2), ((5, 3),)),
-    Op("split", lambda a: a.split(2, 0), ((5, 3),)),
-    Op("chunk", lambda a: a.chunk(2, 1), ((5, 4),)),
-    Op("unbind", lambda a: a.unbind(1), ((5, 3),)),
-    Op("cat", lambda a, b: torch.cat([a, b], 0), ((5, 3), (2, 3))),
-    Op("cat1", lambda a, b: torch.cat([a, b], 1), ((5, 3), (5, 2))),
-    Op("stack", lambda a, b: torch.stack([a, b], 1), ((5, 3), (5, 3))),
-    Op("index_select", lambda a: a.index_select(0, torch.tensor([4, 0, 2])), ((5, 3),)),
-    Op("gather", lambda a: a.gather(1, torch.tensor([[0, 2]] * 5)), ((5, 3),)),
-    Op("flip", lambda a: a.flip(0), ((5, 3),)),
-    Op("getitem_adv", lambda a: a[torch.tensor([1, 3])], ((5, 3),)),
-    # constructors, copies, conversions
-    Op("zeros_like", torch.zeros_like, ((5, 3),)),
-    Op("ones_like", torch.ones_like, ((5, 3),)),
-    Op("full_like", lambda a: torch.full_like(a, 7.0), ((5, 3),)),
-    Op("new_zeros", lambda a: a.new_zeros(2, 2), ((5, 3),)),
-    Op("clone", torch.clone, ((5, 3),)),
-    Op("contiguous", lambda a: a.t().contiguous(), ((5, 3),)),
-    Op("to_dtype", lambda a: a.to(torch.float64), ((5, 3),)),
-    Op("to_int", lambda a: (a * 3).to(torch.int32), ((5, 3),)),
-    # nn
-    Op("softmax", lambda a: a.softmax(1), ((5, 3),)),
-    Op("log_softmax", lambda a: a.log_softmax(0), ((5, 3),)),
-    Op("layer_norm", lambda a, w, b: F.layer_norm(a, (3,), w, b), ((5, 3), (3,), (3,))),
-    Op("rms_norm", lambda a, w: F.rms_norm(a, (3,), w), ((5, 3), (3,))),
-    Op("embedding", lambda w: F.embedding(torch.tensor([[1, 0], [4, 4], [2, 3]]), w), ((5, 3),)),
-    Op("cross_entropy", lambda a: F.cross_entropy(a, torch.tensor([0, 2, 1, 1, 0])), ((5, 3),)),
-    Op("cross_entropy_sum", lambda a: F.cross_entropy(a, torch.tensor([0, 2, 1, 1, 0]), reduction="sum"), ((5, 3),)),
-    Op("nll_none", lambda a: F.nll_loss(a, torch.tensor([0, 2, 1, 1, 0]), reduction="none"), ((5, 3),)),
-    Op("mse_loss", F.mse_loss, ((5, 3), (5, 3))),
-]
-
-
 @W2
 @pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
-def test_op_matches_single_device_on_2_ranks(world, op: Op) -> None:
-    inputs = [_rand(*s) for s in op.shapes]
+def test_op_matches_single_device_on_2_ranks(world, op: OpCase) -> None:
+    inputs = [_rand(*s) for s in op.example]
     check(op.fn, inputs, _mesh(2), partial=op.partial)
 
 
@@ -230,8 +109,8 @@ _FOUR = ["add_bcast", "sum0", "mean", "mm", "bmm", "view_merge", "view_merge_une
 
 @W4
 @pytest.mark.parametrize("op", [o for o in OPS if o.name in _FOUR], ids=_FOUR)
-def test_op_matches_single_device_on_4_ranks(world, op: Op) -> None:
-    inputs = [_rand(*s) for s in op.shapes]
+def test_op_matches_single_device_on_4_ranks(world, op: OpCase) -> None:
+    inputs = [_rand(*s) for s in op.example]
     check(op.fn, inputs, _mesh(4), partial=op.partial)
 
 
@@ -347,7 +226,7 @@ def test_plain_tensors_mix_only_when_tiny_or_allowed(world) -> None:
 @W2
 def test_random_ops_without_a_handler_raise_clearly(world) -> None:
     a = distribute_tensor(torch.ones(4, 2), _mesh(2), [Shard(0)])
-    with pytest.raises(UnsupportedOpError, match="random ops on DTensors land with dtensor.random"):
+    with pytest.raises(UnsupportedOpError, match=r"random ops on DTensors land with dtensor\.random"):
         torch.ops.aten.rrelu_with_noise(a, a.detach().clone(), 0.1, 0.3, True)
 
 
@@ -368,7 +247,7 @@ def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
 def test_register_rule_for_a_custom_op(world) -> None:
     from dtensor import Sharding, register_rule
 
-    lib = torch.library.Library("dtensor_test", "DEF")  # noqa: TOR901
+    lib = torch.library.Library("dtensor_test", "DEF")
     lib.define("twice(Tensor x) -> Tensor")
     lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
     op = torch.ops.dtensor_test.twice.default
