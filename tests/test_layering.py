@@ -1,5 +1,7 @@
 """Covers: package layering. The runtime never imports the test service or
-``dtensor.testing``, and only ``dtensor/_comm.py`` calls collectives."""
+``dtensor.testing``, only ``dtensor/_comm.py`` calls collectives, and neither
+``dtensor/`` nor ``launch/`` has an import cycle (imports inside functions
+count: a lazy import that closes a loop is still a loop)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import ast
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNTIME = [p for p in (ROOT / "dtensor").rglob("*.py") if "testing" not in p.parts]
@@ -53,3 +57,93 @@ def test_importing_dtensor_loads_neither_launch_nor_testing() -> None:
     code = "import sys, dtensor; print(sorted(m for m in sys.modules if m.startswith(('launch', 'dtensor.testing'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# Import cycles -------------------------------------------------------------------
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.AST):
+    """Import statements anywhere (functions included), except under
+    ``if TYPE_CHECKING:``, which never runs."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (n for branch in node.orelse for n in _runtime_imports(branch))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _runtime_imports(node)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (at any depth of the file).
+
+    ``from a import b`` is an edge to ``a.b`` where that is a module, else to
+    ``a``; a submodule's implicit import of its parent package is not an edge.
+    """
+    files = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        edges = set()
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".")
+                    anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
+                    for a in node.names
+                ]
+            edges.update(t for t in targets if t in files and t != name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_find_cycle_names_the_loop() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("package", ["dtensor", "launch"])
+def test_no_import_cycles(package: str) -> None:
+    cycle = find_cycle(import_graph(package))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
