@@ -268,7 +268,7 @@ def overhead_table(number: int) -> None:
 
 
 class _NoFastPath(dict):
-    """Stands in for ``dtensor.dispatch._fast``: every call takes the general path."""
+    """Stands in for ``dtensor.dispatch.fast._fast``: every call takes the general path."""
 
     def get(self, key, default=None):
         return default
@@ -282,7 +282,8 @@ def ablation(number: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import dtensor as ours
-    from dtensor import dispatch
+    from dtensor.dispatch import fast as dispatch
+    from dtensor.dispatch import propagate
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     mesh = ours.DeviceMesh("cpu", [0, 1])
@@ -332,7 +333,7 @@ def ablation(number: int) -> None:
     for op in ("add", "mm", "sum(1)"):
         math_calls = _first_seen_cases(ours, mesh, op, 100)
         meta_calls = [
-            lambda fn=fn: _without_shape_math(dispatch, fn)
+            lambda fn=fn: _without_shape_math(propagate, fn)
             for fn in _first_seen_cases(ours, mesh, op, 100, start=100)  # other shapes
         ]
         t = _first_seen({"math": math_calls, "meta": meta_calls})
@@ -340,13 +341,13 @@ def ablation(number: int) -> None:
     dist.destroy_process_group()
 
 
-def _without_shape_math(dispatch, fn):
-    saved = dispatch._shape_metas
-    dispatch._shape_metas = lambda *a: None
+def _without_shape_math(propagate, fn):
+    saved = propagate.shape_metas
+    propagate.shape_metas = lambda *a: None
     try:
         return fn()
     finally:
-        dispatch._shape_metas = saved
+        propagate.shape_metas = saved
 
 
 def comm_worker(rounds: int) -> None:
