@@ -35,6 +35,8 @@ from launch.world import (
     world_size_of,
 )
 
+RANK_PID_ENV = "LAUNCH_RANK_PID"  # set by a rank process: its pid
+
 __all__ = ["SERVER_ENV", "World", "timeout_of", "world_size", "world_size_of"]
 
 
@@ -59,14 +61,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("timeout"):
         config.addinivalue_line(
             "markers", "timeout(seconds): deprecated alias of dist_timeout(seconds)")
-    if os.environ.get(SERVER_ENV):
+    # NOTE: a pytest run inside a rank (pytester, in process or as a child)
+    # inherits the torchrun env but is not a rank: it must not join the
+    # world (nor, ending, os._exit the rank). It is a plain parent instead.
+    owner = os.environ.get(RANK_PID_ENV)
+    nested = owner is not None and owner in (str(os.getpid()), str(os.getppid()))
+    if os.environ.get(SERVER_ENV) and not nested:
         from launch.server import Server
 
         mode: object = Server(config)
-    elif _under_torchrun():
+        os.environ[RANK_PID_ENV] = str(os.getpid())
+    elif _under_torchrun() and not nested:
         from launch.lockstep import Lockstep
 
         mode = Lockstep(config)
+        os.environ[RANK_PID_ENV] = str(os.getpid())
     else:
         if _is_xdist_controller(config):
             return
