@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import dtensor
 from dtensor import DeviceMesh, DTensor, Shard
@@ -91,3 +95,56 @@ def test_meta_init_gives_the_single_device_parameters_bit_for_bit(world) -> None
         assert isinstance(p, DTensor) and not p.is_meta, name
         assert torch.equal(p.full_tensor(), q), name
     assert torch.equal(model.freqs_cis, ref.freqs_cis)
+
+
+@contextmanager
+def _shared_dir(world):
+    """A directory every rank of the test sees (its first rank makes and removes it)."""
+    buf = torch.zeros(512, dtype=torch.uint8)
+    if world.rank == 0:
+        made = tempfile.mkdtemp(prefix="dtensor-llama-").encode()
+        buf[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
+    dist.broadcast(buf, group=world.group, group_src=0)
+    path = bytes(buf[buf != 0].tolist()).decode()
+    try:
+        yield path
+    finally:
+        dist.barrier(group=world.group)
+        if world.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.world_size(4)
+def test_checkpoint_on_4_ranks_resumes_on_2_with_another_plan(world) -> None:
+    """Save model and AdamW state mid-training on 4 ranks (sequence parallel),
+    resume on ranks 0-1 with the plain tensor-parallel plan: the resumed run's
+    losses are the uninterrupted run's."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import dtensor.checkpoint as ckpt
+
+    args = llama.ModelArgs()
+    data = llama.batches(args, 6, batch=2)
+    dtensor.random.manual_seed(0)
+    mesh4 = DeviceMesh("cpu", [0, 1, 2, 3])
+    a = llama.build_parallel(args, mesh4, True)
+    opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1, foreach=True)
+    first = llama.train(a, data[:3], optimizer=opt_a)
+    with _shared_dir(world) as path:
+        msd, osd = get_state_dict(a, opt_a)
+        ckpt.save({"model": msd, "optim": osd}, path)
+        uninterrupted = llama.train(a, data[3:], optimizer=opt_a)
+        if world.rank in (0, 1):
+            mesh2 = DeviceMesh("cpu", [0, 1])
+            dtensor.random.manual_seed(1)  # other initial values: the checkpoint must win
+            b = llama.build_parallel(args, mesh2, False)
+            opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1, foreach=True)
+            msd_b, osd_b = get_state_dict(b, opt_b)
+            sd = {"model": msd_b, "optim": osd_b}
+            ckpt.load(sd, path)
+            set_state_dict(b, opt_b, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            assert b.layers["0"].attention_norm.weight.device_mesh == mesh2
+            resumed = llama.train(b, data[3:], optimizer=opt_b)
+            assert resumed == pytest.approx(uninterrupted, rel=1e-5, abs=1e-5)
+            assert resumed != pytest.approx(first, rel=1e-3)  # it really trained on
