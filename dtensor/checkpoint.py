@@ -37,6 +37,21 @@ any values, e.g. ``model.state_dict()`` of a freshly parallelised model) and
 pass it to ``load``: DTensor blocks are overwritten in place, so the model's
 parameters hold the checkpoint afterwards; other values are replaced in the
 dict. Saved ``Partial`` DTensors are refused (reduce them first), as in torch.
+
+Model and optimizer together (resume training on another mesh or layout):
+torch's ``get_state_dict``/``set_state_dict`` work on our DTensor parameters
+and key optimizer state by parameter name, so Adam's moments reshard like
+the parameters (``tests/test_checkpoint_dist.py`` resumes a 4-rank run on 2
+ranks this way)::
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    msd, osd = get_state_dict(model, opt)
+    ckpt.save({"model": msd, "optim": osd, "step": step}, path)
+    # later, maybe elsewhere: build model/opt with the new plan, then
+    msd, osd = get_state_dict(model, opt)          # the target layout
+    sd = {"model": msd, "optim": osd, "step": 0}
+    ckpt.load(sd, path)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 """
 
 from __future__ import annotations

@@ -187,3 +187,55 @@ def test_shape_mismatch_on_load_fails_on_every_rank(world) -> None:
         wrong = {"w": distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])}
         with pytest.raises(dcp.api.CheckpointException, match="Size mismatch"):
             ckpt.load(wrong, path)
+
+
+def _model(mesh: DeviceMesh, weight_layout) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 5)
+    with torch.no_grad():
+        lin.weight.copy_(torch.arange(15.0).reshape(5, 3) / 10)
+    lin.weight = torch.nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, weight_layout))
+    lin.bias = torch.nn.Parameter(distribute_tensor(lin.bias.detach(), mesh, [Replicate()]))
+    return lin
+
+
+@W4
+def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world) -> None:
+    # torch's get_state_dict/set_state_dict give FQN-keyed optimizer state;
+    # its DTensor moments reshard like the parameters.
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def step(model, opt, mesh):
+        x = distribute_tensor(torch.arange(6.0).reshape(2, 3), mesh, [Replicate()])
+        model(x).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    mesh4 = DeviceMesh("cpu", [0, 1, 2, 3])
+    a = _model(mesh4, [Shard(0)])  # 5 rows on 4 ranks: uneven
+    opt_a = torch.optim.Adam(a.parameters(), lr=0.1)
+    step(a, opt_a, mesh4)
+    with shared_dir(world) as path:
+        msd, osd = get_state_dict(a, opt_a)
+        ckpt.save({"model": msd, "optim": osd}, path)
+        step(a, opt_a, mesh4)  # the uninterrupted run's second step
+        want = {  # gathered by all 4 ranks
+            (name, k): (getattr(a, name) if k is None else opt_a.state[getattr(a, name)][k])
+            .full_tensor()
+            for name in ("weight", "bias")
+            for k in (None, "exp_avg", "exp_avg_sq")
+        }
+        if world.rank in (0, 1):  # ranks 2 and 3 take no part from here
+            mesh2 = DeviceMesh("cpu", [0, 1])
+            b = _model(mesh2, [Replicate()])
+            opt_b = torch.optim.Adam(b.parameters(), lr=0.1)
+            msd_b, osd_b = get_state_dict(b, opt_b)
+            sd = {"model": msd_b, "optim": osd_b}
+            ckpt.load(sd, path)
+            set_state_dict(b, opt_b, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            step(b, opt_b, mesh2)  # the resumed run's second step
+            for (name, k), value in want.items():
+                p = getattr(b, name)
+                got = p if k is None else opt_b.state[p][k]
+                torch.testing.assert_close(got.full_tensor(), value, msg=f"{name} {k}")
+                assert float(opt_b.state[p]["step"]) == 2.0
