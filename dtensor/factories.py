@@ -21,9 +21,8 @@ from dtensor import _comm, _compile
 from dtensor import random as rng
 from dtensor._random_ops import no_generator, zero_partial_sums
 from dtensor.errors import ShardingError
-from dtensor.mesh import DeviceMesh
+from dtensor.mesh import DeviceMesh, device_of
 from dtensor.placement import Placement, replicated
-from dtensor.redistribute import device_of
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 from dtensor.tensor import DTensor, _resolve_mesh
 

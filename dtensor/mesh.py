@@ -28,7 +28,7 @@ import torch
 from dtensor import _comm
 from dtensor.errors import MeshAxisError, MeshError
 
-__all__ = ["DeviceMesh", "current_mesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "current_mesh", "device_of", "init_device_mesh", "mesh_max"]
 
 _stack = threading.local()
 
@@ -350,6 +350,22 @@ class DeviceMesh:
 
 
 _fx_meshes: dict[tuple, DeviceMesh] = {}
+
+
+def device_of(mesh: DeviceMesh) -> torch.device:
+    """The device this rank's blocks live on for ``mesh``."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def mesh_max(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Max of ``t`` over every rank of ``mesh`` (members only): agreeing on a verdict."""
+    for axis in range(mesh.ndim):
+        group = mesh.axis_group(axis)
+        if group is not None:
+            t = _comm.all_reduce(t.to(device_of(mesh)), "max", group).cpu()
+    return t
 
 
 def _mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:

@@ -31,15 +31,7 @@ from dtensor import _comm
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
 
-__all__ = [
-    "Step",
-    "device_of",
-    "empty_local",
-    "execute",
-    "mesh_max",
-    "plan",
-    "redistribute_local",
-]
+__all__ = ["Step", "empty_local", "execute", "plan", "redistribute_local"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,22 +156,6 @@ def empty_local(spec: DTensorSpec, device) -> torch.Tensor:
     """An empty block of ``spec``'s dtype: what a rank outside the mesh holds."""
     shape, _ = local_block(spec.shape, spec.mesh.shape, spec.placements, None)
     return torch.empty(shape, dtype=spec.dtype, device=device)
-
-
-def mesh_max(t: torch.Tensor, mesh) -> torch.Tensor:
-    """Max of ``t`` over every rank of ``mesh`` (members only): agreeing on a verdict."""
-    for axis in range(mesh.ndim):
-        group = mesh.axis_group(axis)
-        if group is not None:
-            t = _comm.all_reduce(t.to(device_of(mesh)), "max", group).cpu()
-    return t
-
-
-def device_of(mesh) -> torch.device:
-    """The device this rank's blocks live on for ``mesh``."""
-    if mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(mesh.device_type)
 
 
 def _outer_range(step, global_shape, mesh_shape, coord, dim) -> tuple[int, int]:

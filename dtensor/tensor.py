@@ -18,6 +18,8 @@ from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
+from dtensor.mesh import device_of as _device_of
+from dtensor.mesh import mesh_max as _mesh_max
 from dtensor.placement import (
     Partial,
     Placement,
@@ -27,9 +29,7 @@ from dtensor.placement import (
     partial_to_replicate,
     replicated,
 )
-from dtensor.redistribute import device_of as _device_of
 from dtensor.redistribute import empty_local as _empty_local
-from dtensor.redistribute import mesh_max as _mesh_max
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 

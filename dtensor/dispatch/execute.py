@@ -14,8 +14,9 @@ import torch
 from dtensor.dispatch.call import Call, tensor_leaves
 from dtensor.dispatch.meta import meta_tensor
 from dtensor.dispatch.propagate import Plan
+from dtensor.mesh import device_of, mesh_max
 from dtensor.placement import replicated
-from dtensor.redistribute import device_of, empty_local, mesh_max, redistribute_local
+from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta
 
 __all__ = ["is_inplace", "rewrap", "run", "wrap"]
