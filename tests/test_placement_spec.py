@@ -10,7 +10,14 @@ import torch
 
 from dtensor import DeviceMesh, DTensorSpec, Partial, Replicate, Shard, TensorMeta
 from dtensor.errors import PlacementError
-from dtensor.placement import Placement, format_placements
+from dtensor.placement import (
+    Placement,
+    format_placements,
+    is_linear_partial,
+    partial_to_replicate,
+    replicated,
+)
+from dtensor.rules._util import shard_through_broadcast
 from dtensor.spec import contiguous_stride, local_block, shard_range
 
 ALL = [Shard(0), Shard(-1), Replicate(), Partial(), Partial("avg"), Partial("max"), Partial("min")]
@@ -18,8 +25,8 @@ ALL = [Shard(0), Shard(-1), Replicate(), Partial(), Partial("avg"), Partial("max
 
 @pytest.mark.parametrize("p", ALL, ids=str)
 def test_placement_repr_round_trips_and_is_frozen(p: Placement) -> None:
-    assert eval(repr(p)) == p  # noqa: S307 - repr round trip is the contract
-    assert hash(eval(repr(p))) == hash(p)  # noqa: S307
+    assert eval(repr(p)) == p
+    assert hash(eval(repr(p))) == hash(p)
     assert pickle.loads(pickle.dumps(p)) == p
     for field in dataclasses.fields(p):
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -35,6 +42,33 @@ def test_placement_kinds() -> None:
     assert Replicate().is_replicate() and not Replicate().is_shard()
     assert Partial().is_partial("sum") and not Partial().is_partial("max")
     assert Shard(0) != Shard(1) and Partial("sum") != Partial("avg")
+
+
+def test_placement_vocabulary() -> None:
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+    assert replicated(mesh) == (Replicate(), Replicate()) == replicated(2)
+    assert replicated(0) == ()
+    assert partial_to_replicate((Shard(1), Partial("max"), Replicate())) == (
+        Shard(1), Replicate(), Replicate())
+    assert [Partial(op).is_linear for op in ("sum", "avg", "max", "min")] == [
+        True, True, False, False]
+    assert [is_linear_partial(p) for p in (Partial(), Partial("min"), Shard(0), Replicate())] == [
+        True, False, False, False]
+    meta = TensorMeta((4, 2), (2, 1), torch.float32)
+    assert DTensorSpec.replicated(mesh, meta).placements == replicated(mesh)
+
+
+@pytest.mark.parametrize(
+    ("shard", "shape", "out_shape", "want"),
+    [
+        (Shard(1), (3,), (4, 3), Shard(0)),     # trailing dims line up
+        (Shard(0), (3,), (4, 3), Replicate()),  # the operand lacks the dim
+        (Shard(0), (1, 3), (4, 3), Replicate()),  # the operand broadcasts it
+        (Shard(0), (1, 3), (1, 3), Shard(0)),   # size 1 on both: no broadcast
+    ],
+)
+def test_shard_through_broadcast(shard, shape, out_shape, want) -> None:
+    assert shard_through_broadcast(shard, shape, out_shape) == want
 
 
 @pytest.mark.parametrize("bad", [lambda: Partial("mean"), lambda: Shard(1.0), lambda: Shard(True)])
