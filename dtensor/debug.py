@@ -265,7 +265,9 @@ def sharding_table(dt) -> str:
             line.append(("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
                         if ranks else "-")
         table.append(line)
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    if spec.ndim == 1:  # no row labels
+        table = [line[1:] for line in table]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     out = [f"{spec} on {mesh!r}"]
     out += ["  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
             for line in table]

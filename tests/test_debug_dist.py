@@ -177,3 +177,26 @@ def test_visualize_sharding_rejects_3d_on_every_rank_and_skips_outsiders(world) 
     y = DTensor.from_local(torch.ones(2), mesh, [Shard(0)])
     got = visualize_sharding(y, all_ranks=True, file=io.StringIO())
     assert (got is None) == (world.rank == 0)
+
+
+def test_sharding_table_layout_without_a_world() -> None:
+    # The table is pure layout math: readable in one process, for any mesh.
+    from dtensor.debug import sharding_table
+    from dtensor.spec import DTensorSpec, TensorMeta
+
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+
+    def table(shape, placements):
+        meta = TensorMeta(shape, tuple(range(len(shape)))[::-1], torch.float32)
+        return sharding_table(DTensor(torch.empty(0), DTensorSpec(mesh, placements, meta)))
+
+    assert table((4, 6), (Shard(0), Shard(1))).splitlines()[1:] == [
+        "          cols 0:3  cols 3:6",
+        "rows 0:2  rank 0    rank 1",
+        "rows 2:4  rank 2    rank 3",
+    ]
+    assert table((3,), (Shard(0), Shard(0))).splitlines()[1:] == [
+        "0:1     1:2     2:3",
+        "rank 0  rank 1  rank 2",
+        "empty blocks (uneven shards): ranks 3",
+    ]
