@@ -118,8 +118,10 @@ class _Counts(defaultdict):
         return 0  # like torch's defaultdict, without inserting the key
 
     def get(self, key, default=None):
-        value = self[key]
-        return default if value == 0 and key not in self and default is not None else value
+        if key in self:
+            return self[key]
+        alias = _kind_keys().get(key) if isinstance(key, str) else None
+        return self[alias] if alias is not None and alias in self else default
 
 
 class CommDebugMode:

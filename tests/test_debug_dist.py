@@ -49,6 +49,8 @@ def test_comm_debug_mode_uses_torch_keys_and_reports_bytes(world) -> None:
     assert counts[funcol.all_reduce] == 2
     assert counts["all_reduce"] == 2  # our kind names work as keys too
     assert counts[funcol.reduce_scatter_tensor] == 0  # absent keys read as 0
+    assert counts.get(funcol.reduce_scatter_tensor) is None and counts.get("all_reduce") == 2
+    assert funcol.reduce_scatter_tensor not in counts  # reading did not insert it
     assert comm.get_total_counts() == 3
     size = comm.get_comm_bytes()
     assert size[funcol.all_gather_into_tensor] == 4 * 6 * 8  # the gathered buffer
