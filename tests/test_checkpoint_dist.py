@@ -8,6 +8,7 @@ sub-mesh: the other ranks do not take part.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -239,3 +240,22 @@ def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world) -> None:
                 got = p if k is None else opt_b.state[p][k]
                 torch.testing.assert_close(got.full_tensor(), value, msg=f"{name} {k}")
                 assert float(opt_b.state[p]["step"]) == 2.0
+
+
+@W4
+def test_replicas_are_written_once_and_load_on_a_one_rank_sub_mesh(world) -> None:
+    ref = _reference()
+    with shared_dir(world) as path:
+        mesh22 = DeviceMesh("cpu", [[0, 1], [2, 3]])
+        sd = {k: distribute_tensor(v, mesh22, [Replicate(), Shard(v.ndim - 1)])
+              for k, v in ref.items()}
+        ckpt.save(sd, path)
+        md = dcp.FileSystemReader(path).read_metadata()
+        for k, v in ref.items():
+            chunks = md.state_dict_metadata[k].chunks
+            # one chunk per distinct block (replicas deduplicated), covering it all
+            assert sum(math.prod(c.sizes) for c in chunks) == v.numel(), k
+        one = DeviceMesh("cpu", [3])
+        back = _blank(one, lambda nd: [Replicate()])
+        ckpt.load(back, path)  # only rank 3 reads
+        _check_every_element(back, ref)
