@@ -146,6 +146,8 @@ class CommDebugMode:
         self.comm_bytes: _Counts = _Counts()
         self.comm_module_counts: dict[str, dict[str, _Counts]] = {}
         self.comm_module_bytes: dict[str, dict[str, _Counts]] = {}
+        self._parameters: dict[str, dict[str, Any]] = {}
+        self._sharding: dict[str, Any] = {}
         self._tracker = None
 
     # Recording -------------------------------------------------------------------
@@ -171,9 +173,12 @@ class CommDebugMode:
         self.comm_bytes.clear()
         self.comm_module_counts.clear()
         self.comm_module_bytes.clear()
+        self._parameters.clear()
+        self._sharding.clear()
         for table in (self.comm_module_counts, self.comm_module_bytes):
             table["Global"] = {"forward": _Counts(), "backward": _Counts()}
         self._tracker = ModTracker()
+        self._tracker.register_user_hooks(pre_fw_hook=self._on_forward)
         self._tracker.__enter__()
         _comm.push_counter(self)
         return self
@@ -181,6 +186,16 @@ class CommDebugMode:
     def __exit__(self, *exc) -> None:
         _comm.pop_counter(self)
         self._tracker.__exit__(*exc)
+        self._tracker.clear_user_hooks()
+
+    def _on_forward(self, module, inputs) -> None:
+        from dtensor.tensor import DTensor
+
+        name = self._tracker.get_known_fqn(module) or type(module).__name__
+        for pname, p in module.named_parameters(recurse=False):
+            self._parameters.setdefault(name, {})[pname] = p.data
+            if isinstance(p.data, DTensor):
+                self._sharding[f"{name}.{pname}"] = p.data.placements
 
     # Reading ---------------------------------------------------------------------
     def get_comm_counts(self) -> dict[Any, int]:
@@ -196,6 +211,14 @@ class CommDebugMode:
 
     def get_total_bytes(self) -> int:
         return sum(self.comm_bytes.values())
+
+    def get_parameter_info(self) -> dict[str, dict[str, Any]]:
+        """``{module fqn: {parameter name: parameter data}}`` of modules run inside."""
+        return self._parameters
+
+    def get_sharding_info(self) -> dict[str, Any]:
+        """``{"module.param": placements}`` of the DTensor parameters of modules run inside."""
+        return self._sharding
 
     def generate_comm_debug_tracing_table(self, noise_level: int = 0) -> str:
         """Per module and phase: each collective's count and bytes, indented by depth."""

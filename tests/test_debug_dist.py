@@ -101,6 +101,9 @@ def test_comm_debug_mode_breaks_counts_down_by_module_and_phase(world) -> None:
         assert total == sum(
             n for op, n in comm.get_comm_counts().items()
         ) - sum(per["Global"]["backward" if phase == "forward" else "forward"].values())
+    assert comm.get_sharding_info() == {"_Net.row.weight": (Shard(0),)}
+    seen = comm.get_parameter_info()["_Net.row"]["weight"]
+    assert torch.equal(seen.to_local(), net.row.weight.to_local())
     table = comm.generate_comm_debug_tracing_table()
     assert "_Net.row" in table and "all_reduce x1" in table
 
