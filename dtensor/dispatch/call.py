@@ -87,47 +87,47 @@ class Call:
     __slots__ = ("args", "func", "key_args", "key_kwargs", "kwargs", "operands", "specs")
 
     def __init__(self, func, args: tuple, kwargs: dict) -> None:
+        # NOTE: plain loops, no closures or generators: this runs on every
+        # call that misses the fast path.
         self.func, self.args, self.kwargs = func, args, kwargs
-        specs: list = []
-        operands: list = []
+        self.specs = specs = []
+        self.operands = operands = []
         implicit = getattr(_state, "implicit", False)
-
-        def key(x):
-            if isinstance(x, DTensor):
-                specs.append(x._spec)
-                operands.append(x)
-                return x._spec
-            if x.dim() == 0 or implicit or x.numel() == 1:
-                specs.append(None)
-                operands.append(x)
-                return PlainKey(tuple(x.shape), x.dtype, x.device.type)
-            return _Plain(x)
-
-        def flat(a):
+        key_args = []
+        for a in args:
             if isinstance(a, torch.Tensor):
-                return key(a)
-            if isinstance(a, (list, tuple)):
-                return tuple(key(x) if isinstance(x, torch.Tensor) else x for x in a)
-            return a
-
-        self.key_args = tuple(flat(a) for a in args)
-        self.key_kwargs = tuple((k, flat(v)) for k, v in kwargs.items())
-        self.specs = specs
-        self.operands = operands
+                a = _key(a, specs, operands, implicit)
+            elif isinstance(a, (list, tuple)):
+                a = _key_seq(a, specs, operands, implicit)
+            key_args.append(a)
+        self.key_args = tuple(key_args)
+        key_kwargs = []
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                v = _key(v, specs, operands, implicit)
+            elif isinstance(v, (list, tuple)):
+                v = _key_seq(v, specs, operands, implicit)
+            key_kwargs.append((k, v))
+        self.key_kwargs = tuple(key_kwargs)
 
     def replace(self, values) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with the operands replaced by ``values``, in order."""
         it = iter(values)
-
-        def swap(a):
+        args = []
+        for a in self.args:
             if isinstance(a, torch.Tensor):
-                return next(it)
-            if isinstance(a, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in a):
-                return type(a)(next(it) if isinstance(y, torch.Tensor) else y for y in a)
-            return a
-
-        args = tuple(swap(a) for a in self.args)
-        return args, {k: swap(v) for k, v in self.kwargs.items()}
+                a = next(it)
+            elif isinstance(a, (list, tuple)):
+                a = _swap_seq(a, it)
+            args.append(a)
+        kwargs = {}
+        for k, v in self.kwargs.items():
+            if isinstance(v, torch.Tensor):
+                v = next(it)
+            elif isinstance(v, (list, tuple)):
+                v = _swap_seq(v, it)
+            kwargs[k] = v
+        return tuple(args), kwargs
 
     def check_plain(self) -> None:
         """Raise for a plain tensor that may not mix with DTensors."""
@@ -157,6 +157,31 @@ class Call:
                     "other's mesh"
                 )
         return mesh
+
+
+def _key(x, specs: list, operands: list, implicit: bool):
+    """A tensor argument in key form; records it as an operand if it is one."""
+    if isinstance(x, DTensor):
+        specs.append(x._spec)
+        operands.append(x)
+        return x._spec
+    if x.dim() == 0 or implicit or x.numel() == 1:
+        specs.append(None)
+        operands.append(x)
+        return PlainKey(tuple(x.shape), x.dtype, x.device.type)
+    return _Plain(x)
+
+
+def _key_seq(seq, specs: list, operands: list, implicit: bool) -> tuple:
+    return tuple([_key(x, specs, operands, implicit) if isinstance(x, torch.Tensor) else x
+                  for x in seq])
+
+
+def _swap_seq(seq, it):
+    for y in seq:
+        if isinstance(y, torch.Tensor):
+            return type(seq)([next(it) if isinstance(x, torch.Tensor) else x for x in seq])
+    return seq
 
 
 def tensor_leaves(out) -> list:

@@ -63,8 +63,15 @@ def is_inplace(func) -> bool:
 
 def run(call: Call, plan: Plan):
     """The op's result on DTensors, following ``plan``."""
-    mesh = next(s.mesh for s in call.specs if s is not None)
-    if mesh.get_coordinate() is None:
+    # NOTE: plain loops, no closures on the common paths: this runs on every
+    # call that misses the fast path.
+    mesh = None
+    for s in call.specs:
+        if s is not None:
+            mesh = s.mesh
+            break
+    coord = mesh.get_coordinate()
+    if coord is None:
         return _outsider_result(call, plan, mesh)
     # Local operands in operand order, redistributed where the plan asks.
     # NOTE: by position, not identity: ``mm(x, x)`` may need x in two layouts.
@@ -76,10 +83,11 @@ def run(call: Call, plan: Plan):
             local = redistribute_local(local, src, target)
         locals_.append(local)
     largs, lkwargs = call.replace(locals_)
+    func = call.func
     if plan.local is not None:
-        out = plan.local(call.func, mesh.get_coordinate(), plan.out_specs, largs, lkwargs)
+        out = plan.local(func, coord, plan.out_specs, largs, lkwargs)
     else:
-        out = call.func(*largs, **lkwargs)
+        out = func(*largs, **lkwargs)
 
     written = {}  # id(local written) -> the DTensor operand it stands for
     for j in plan.write_back:
@@ -89,32 +97,41 @@ def run(call: Call, plan: Plan):
         if block is not o._local_tensor:
             o._local_tensor.copy_(block)
 
-    self = call.args[0] if call.args and is_inplace(call.func) else None
-    if self is not None and not isinstance(self, DTensor):
-        self = None
+    # In-place ops return their (DTensor) self: hand it back, not a copy.
+    args = call.args
+    self = args[0] if args and type(args[0]) is DTensor and is_inplace(func) else None
     if plan.fallback:
-        rep = replicated(mesh)
-
-        def one(t):
-            if id(t) in written:
-                return written[id(t)]
-            if self is not None and not written:
-                return _store(self, t)
-            return wrap(t, DTensorSpec(mesh, rep, TensorMeta(t.shape, t.stride(), t.dtype)))
-
-        return rewrap(out, one)
+        return rewrap(out, _Replicated(mesh, self, written))
     if not plan.out_specs:
         return _reduce_scalar(out, plan.scalar_reduce, mesh)
+    if type(out) is torch.Tensor and not written:  # the common case
+        return self if self is not None else wrap(out, plan.out_specs[0])
     specs = iter(plan.out_specs)
 
     def one(t):
         spec = next(specs)
         if id(t) in written:
             return written[id(t)]
-        # In-place ops return their (DTensor) self: hand it back, not a copy.
         return self if self is not None else wrap(t, spec)
 
     return rewrap(out, one)
+
+
+class _Replicated:
+    """Wraps a fallback result: replicated, or the operand an op wrote."""
+
+    __slots__ = ("mesh", "self", "written")
+
+    def __init__(self, mesh, self_, written: dict) -> None:
+        self.mesh, self.self, self.written = mesh, self_, written
+
+    def __call__(self, t):
+        if id(t) in self.written:
+            return self.written[id(t)]
+        if self.self is not None and not self.written:
+            return _store(self.self, t)
+        meta = TensorMeta(t.shape, t.stride(), t.dtype)
+        return wrap(t, DTensorSpec(self.mesh, replicated(self.mesh), meta))
 
 
 def _store(self, full: torch.Tensor):
