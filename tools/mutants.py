@@ -1,7 +1,7 @@
 """Deliberately broken runtimes: the property suite must catch each one.
 
 ``apply(name)`` monkeypatches one bug into the runtime of this process; the
-lockstep plugin (``launch.hypothesis_lockstep``) calls it on every rank when
+property suite's conftest (``tests/properties/conftest.py``) calls it on every rank when
 ``DTENSOR_MUTANT=name`` is set. Run as a script, it runs the property suite
 once per mutant and reports whether a test that passes on the unmutated
 runtime now fails, with Hypothesis' minimal example:
