@@ -40,12 +40,15 @@ __all__ = [
     "get_rank",
     "group_for",
     "is_initialized",
+    "reduce_scatter",
     "world_tag",
 ]
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated); 2.11 lacks the new name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+# torch 2.13 renamed reduce_scatter_tensor too (now deprecated); 2.11 lacks the new name.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _tracing = torch.compiler.is_compiling
 
 # id(default group) -> (default group, {ranks: group}). Holding the default
@@ -285,6 +288,51 @@ def all_gather_cat(t: torch.Tensor, group) -> torch.Tensor:
     out = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     _all_gather_single(out, t, group=group)
     return out
+
+
+def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
+    """Reduce ``t`` over ``group`` with ``op`` and keep this rank's chunk of ``dim``.
+
+    The chunks are ``torch.chunk``'s (pieces of ``ceil(size / n)``, trailing
+    ones shorter or empty), the layout of a ``Shard(dim)``: the reduced value
+    equals ``all_reduce`` then that chunk, at half the wire bytes. Every rank
+    passes the same shape. Example (2 ranks, each holding ``[1, 2, 3]``)::
+
+        >>> reduce_scatter(torch.tensor([1., 2., 3.]), "sum", 0, group)
+        tensor([2., 4.])    # rank 0; rank 1 gets tensor([6.])
+    """
+    n = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    size = t.shape[dim]
+    piece = -(-size // n)
+    start = min(me * piece, size)
+    keep = max(0, min(piece, size - start))
+    if t.numel() == 0:  # same shape everywhere, so nobody sends
+        return t.narrow(dim, start, keep).clone()
+    # The backend splits dim 0 into n equal pieces: move ``dim`` first and pad
+    # it to n * piece, which puts each torch.chunk piece in its own slot.
+    front = t.movedim(dim, 0)
+    if piece * n != size:
+        pad = front.new_zeros((piece * n - size, *front.shape[1:]))
+        front = torch.cat([front, pad], dim=0)
+    count("reduce_scatter", front)
+    buf, back = _wire(front, op)
+    if buf.is_complex():
+        buf = torch.view_as_real(buf.contiguous())
+    if _tracing():
+        # NOTE: functional under torch.compile, like all_reduce; "avg" is
+        # summed (Gloo has no AVG) and divided below.
+        wire_op = "sum" if op == "avg" else op
+        out = funcol.reduce_scatter_tensor(buf, wire_op, 0, group)
+    else:
+        out = buf.new_empty((piece, *buf.shape[1:]))
+        _reduce_scatter_single(out, buf, op=_REDUCE[op], group=group)
+    if t.is_complex():
+        out = torch.view_as_complex(out)
+    if op == "avg":
+        out = out / n if out.is_floating_point() or out.is_complex() else out // n
+    out = _restore(out, back)
+    return out.narrow(0, 0, keep).movedim(0, dim).contiguous()
 
 
 def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:

@@ -5,7 +5,10 @@
 local tensor through ``dtensor._comm``; ``redistribute_local`` does both for
 a block of a ``DTensorSpec``. The plan has four phases:
 
-1. reduce: every ``Partial`` axis whose target differs is all-reduced.
+1. reduce: every ``Partial`` axis whose target differs is all-reduced, or,
+   when its target is ``Shard(d)`` and that shard can be cut right away (see
+   ``_scatter_now``), reduce-scattered: half the wire bytes of an all-reduce,
+   and every later step moves 1/n of the data.
 2. gather: for each tensor dim, the axes that shard it in the source but are
    not part of the longest common prefix with the target are all-gathered,
    innermost axis first (with nested sharding only the innermost piece can be
@@ -38,8 +41,9 @@ __all__ = ["Step", "empty_local", "execute", "plan", "redistribute_local"]
 class Step:
     """One transition on one mesh axis.
 
-    kind: ``reduce`` (Partial → Replicate), ``gather`` (Shard → Replicate),
-    ``slice`` (Replicate → Shard), ``to_partial`` (Replicate → Partial).
+    kind: ``reduce`` (Partial → Replicate), ``reduce_scatter`` (Partial →
+    Shard), ``gather`` (Shard → Replicate), ``slice`` (Replicate → Shard),
+    ``to_partial`` (Replicate → Partial).
     ``before`` is the full placement tuple before the step runs.
     """
 
@@ -82,7 +86,10 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
     # 1. reduce pending partial sums that the target does not keep.
     for axis, (s, d) in enumerate(zip(src, dst, strict=True)):
         if isinstance(s, Partial) and s != d:
-            emit(axis, "reduce", Replicate())
+            if isinstance(d, Shard) and _scatter_now(cur, dst, axis, d.dim):
+                emit(axis, "reduce_scatter", d)
+            else:
+                emit(axis, "reduce", Replicate())
 
     # 2. gather source shards outside the common prefix, innermost first.
     dims = {p.dim for p in src + dst if isinstance(p, Shard)}
@@ -108,6 +115,26 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+def _scatter_now(cur: list, dst: tuple, axis: int, dim: int) -> bool:
+    """Whether ``axis`` can take its target ``Shard(dim)`` during the reduce phase.
+
+    Nested shards split ``dim`` outer axis first, so cutting ``axis``'s piece
+    now is only the final layout when the axes already sharding ``dim`` before
+    it are exactly the target's (they stay put: the gather phase keeps the
+    common prefix) and no axis after it shards ``dim`` yet (its piece would be
+    cut from the wrong block). Otherwise the plan falls back to all-reduce
+    then slice. Mixed reduce ops keep their axis-order reduction: the earlier
+    cut commutes with the later reductions, which act elementwise.
+    """
+    for a, p in enumerate(cur):
+        on_dim = isinstance(p, Shard) and p.dim == dim
+        if a < axis and on_dim != (dst[a] == Shard(dim)):
+            return False
+        if a > axis and on_dim:
+            return False
+    return True
+
+
 def execute(
     local: torch.Tensor,
     steps: Sequence[Step],
@@ -125,6 +152,13 @@ def execute(
         if step.kind == "reduce":
             if group is not None:
                 local = _comm.all_reduce(local, step.src.reduce_op, group)
+        elif step.kind == "reduce_scatter":
+            if group is not None:
+                _, length = _outer_range(step, global_shape, mesh.shape, coord, step.dst.dim)
+                assert local.shape[step.dst.dim] == length, (local.shape, length, step)
+                local = _comm.reduce_scatter(local, step.src.reduce_op, step.dst.dim, group)
+            else:
+                local = _slice(local, step, global_shape, mesh.shape, coord)
         elif step.kind == "gather":
             if group is not None:
                 local = _gather(local, step, global_shape, mesh.shape, coord, group)

@@ -129,6 +129,47 @@ def test_local_transitions_issue_no_collectives(world) -> None:
     assert c.counts == {"all_gather": 1, "all_reduce": 1}
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_partial_to_shard_is_one_reduce_scatter(world, op) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    base = torch.arange(15.0).reshape(3, 5)  # 3 and 5 rows: uneven on 2 ranks
+    scale = {"sum": 3.0, "avg": 1.5, "max": 2.0}[op]  # ranks hold 1x and 2x base
+    for dim in (0, 1):
+        local = (base * (mesh.get_coordinate()[0] + 1)).requires_grad_()
+        p = DTensor.from_local(local, mesh, [Partial(op)])
+        with CommCounter() as c:
+            y = p.redistribute(mesh, [Shard(dim)])
+        # One reduce-scatter of the padded buffer (4x5 or 3x6 float32), no all-reduce.
+        assert c.counts == {"reduce_scatter": 1}, (op, dim, c.counts)
+        assert c.bytes == {"reduce_scatter": 4 * (20 if dim == 0 else 18)}, c.bytes
+        _check(y, base * scale, mesh, (op, dim))
+        if op == "max":
+            continue  # no backward through Partial(max)
+        # The dual, all-gather of the shard's gradient, reaches every rank whole.
+        y.to_local().sum().backward()
+        grad = torch.full_like(base, 1.0 / (2 if op == "avg" else 1))
+        assert torch.equal(local.grad, grad), (op, dim, local.grad)
+
+
+@pytest.mark.world_size(4)
+def test_nested_partials_reduce_scatter_outer_axis_first(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    full = torch.arange(35.0).reshape(7, 5)  # 7 rows on 2x2: pieces 2, 2, 2, 1
+    r = distribute_tensor(full, mesh, [Replicate(), Replicate()])
+    p = r.redistribute(mesh, [Partial(), Partial()])
+    cases = [
+        ([Shard(0), Shard(0)], {"reduce_scatter": 2}),
+        ([Shard(1), Shard(0)], {"reduce_scatter": 2}),
+        ([Replicate(), Shard(1)], {"all_reduce": 1, "reduce_scatter": 1}),
+    ]
+    for dst, counts in cases:
+        with CommCounter() as c:
+            y = p.redistribute(mesh, dst)
+        assert c.counts == counts, (dst, c.counts)
+        _check(y, full, mesh, dst)
+
+
 @pytest.mark.world_size(4)
 def test_outsiders_get_empty_blocks_and_stay_silent(world) -> None:
     mesh = DeviceMesh("cpu", [1, 3])
@@ -195,6 +236,9 @@ def test_dtypes_gloo_rejects_still_move_and_reduce(world, dtype) -> None:
         return  # no exact sum to compare with: float8/bool add is not closed
     p = DTensor.from_local(full, mesh, [Partial("sum")])
     assert torch.equal(p.full_tensor(), (full.long() * 2).to(dtype))
+    s = p.redistribute(mesh, [Shard(0)])  # a reduce-scatter, same carrier
+    assert s.to_local().dtype == dtype
+    assert torch.equal(s.full_tensor(), (full.long() * 2).to(dtype))
     if dtype == torch.uint64:
-        with pytest.raises(RuntimeError, match="all_reduce.max. of torch.uint64"):
+        with pytest.raises(RuntimeError, match=r"all_reduce.max. of torch.uint64"):
             DTensor.from_local(full, mesh, [Partial("max")]).full_tensor()

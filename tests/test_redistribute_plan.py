@@ -49,12 +49,36 @@ def test_common_prefix_is_kept() -> None:
 
 def test_partial_transitions() -> None:
     assert [s.kind for s in plan((Partial(),), (Replicate(),), (2,))] == ["reduce"]
-    assert [s.kind for s in plan((Partial(),), (Shard(0),), (2,))] == ["reduce", "slice"]
+    assert [s.kind for s in plan((Partial(),), (Shard(0),), (2,))] == ["reduce_scatter"]
     assert [s.kind for s in plan((Replicate(),), (Partial(),), (2,))] == ["to_partial"]
     assert [s.kind for s in plan((Partial("max"),), (Partial(),), (2,))] == [
         "reduce",
         "to_partial",
     ]
+
+
+def test_partial_to_shard_reduce_scatters_when_the_nesting_allows() -> None:
+    # Nested shards of one dim: outer axis first, each cuts its own piece.
+    steps = plan((Partial(), Partial()), (Shard(0), Shard(0)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 0), ("reduce_scatter", 1)]
+    # The outer shard is already in place: the inner partial cuts inside it.
+    steps = plan((Shard(0), Partial()), (Shard(0), Shard(0)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 1)]
+    # Different dims never conflict; the later gather moves 1/2 of the data.
+    steps = plan((Partial(), Shard(1)), (Shard(0), Replicate()), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 0), ("gather", 1)]
+
+
+def test_partial_to_shard_falls_back_when_the_cut_would_be_out_of_order() -> None:
+    # An inner axis already shards dim 0: cutting the outer piece now would
+    # split the inner block, so reduce, regather the inner axis, then slice.
+    steps = plan((Partial(), Shard(0)), (Shard(0), Shard(0)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [
+        ("reduce", 0), ("gather", 1), ("slice", 0), ("slice", 1),
+    ]
+    # The outer axis of the target is not sharded yet: its slice comes later.
+    steps = plan((Replicate(), Partial()), (Shard(0), Shard(0)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce", 1), ("slice", 0), ("slice", 1)]
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
@@ -67,8 +91,13 @@ def test_every_plan_reaches_its_target_with_valid_steps(mesh_shape) -> None:
                 # Only the innermost shard of a dim may be gathered.
                 inner = [a for a, p in enumerate(cur) if p == step.src]
                 assert step.axis == max(inner), (src, dst, step)
-            if step.kind == "slice":
+            if step.kind in ("slice", "reduce_scatter"):
                 later = [a for a, p in enumerate(cur) if p == step.dst and a > step.axis]
                 assert not later, (src, dst, step)
+            if step.kind == "reduce_scatter":
+                # The outer shards of the dim are final: never gathered later.
+                outer = [a for a in range(step.axis) if cur[a] == step.dst]
+                assert outer == [a for a in range(step.axis) if dst[a] == step.dst], (src, dst)
+                assert isinstance(step.src, Partial), (src, dst, step)
             cur[step.axis] = step.dst
         assert tuple(cur) == dst
