@@ -367,6 +367,10 @@ def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes
     with CommCounter() as c, loss_parallel():
         loss = F.cross_entropy(dx, y, **kw)
     assert c.counts == {"all_reduce": 2}  # the max, then the sums: no gather
+    # Per row: the max, the sum of exps, the target logit (+ the sum of logits
+    # only with label smoothing): the least a class-sharded softmax needs.
+    rows = 3 + bool(kw.get("label_smoothing"))
+    assert c.bytes == {"all_reduce": rows * x.shape[0] * x.element_size()}
     assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
     torch.testing.assert_close(loss.full_tensor(), want, **TOL)
     with CommCounter() as c:

@@ -155,8 +155,12 @@ class _ShardedCrossEntropy(torch.autograd.Function):
             row_max = x.new_full(x.shape[:1], float("-inf"))
             picked = x.new_zeros(x.shape[:1])
         row_max = _all_reduce(row_max, "max", groups)  # [R]
-        sums = torch.stack([(x - row_max.unsqueeze(1)).exp().sum(1), picked, x.sum(1)])
-        sums = _all_reduce(sums, "sum", groups)  # [3, R]: sum exp, target logit, sum logits
+        # The sum of logits only matters with label smoothing: without it the
+        # second all-reduce moves two rows, the least a sharded softmax needs.
+        rows = [(x - row_max.unsqueeze(1)).exp().sum(1), picked]
+        if eps:
+            rows.append(x.sum(1))
+        sums = _all_reduce(torch.stack(rows), "sum", groups)  # [2 or 3, R]
         logz = row_max + sums[0].log()
         loss = logz - sums[1]
         if eps:
