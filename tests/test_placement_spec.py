@@ -45,7 +45,8 @@ def test_placement_kinds() -> None:
 
 
 def test_placement_vocabulary() -> None:
-    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+    # spec-only mesh: under torchrun N<4 the world is smaller than it
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), _init_backend=False)
     assert replicated(mesh) == (Replicate(), Replicate()) == replicated(2)
     assert replicated(0) == ()
     assert partial_to_replicate((Shard(1), Partial("max"), Replicate())) == (
