@@ -14,6 +14,7 @@ from dtensor import (
     parallel,
 )
 from dtensor.dispatch import implicit_replication
+from dtensor.distribute import distribute_tensor
 from dtensor.errors import (
     CrossMeshError,
     MeshAxisError,
@@ -38,7 +39,7 @@ from dtensor.module import distribute_module
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.sharding import OpCall, Sharding, register_rule
 from dtensor.spec import DTensorSpec, TensorMeta
-from dtensor.tensor import DTensor, distribute_tensor
+from dtensor.tensor import DTensor
 
 __all__ = [
     "CrossMeshError",

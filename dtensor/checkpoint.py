@@ -5,7 +5,8 @@ Two ways to persist DTensors:
 1. ``torch.save(dt, f)`` / ``torch.load(f)`` (``weights_only=True``, the
    default, works): each rank saves and loads its own block. A DTensor pickles
    as (local block, mesh ranks, placements, global shape), rebuilt by one
-   allowlisted function, ``dtensor.checkpoint.rebuild_dtensor``. Load in a
+   allowlisted function, ``dtensor.tensor.rebuild_dtensor`` (also
+   importable from here). Load in a
    world of the same size as the one that saved; the loading rank's block is
    the one it saved.
 
@@ -63,13 +64,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
-
-from dtensor import _comm
-from dtensor.errors import PlacementError, ShardingError
-from dtensor.mesh import DeviceMesh
-from dtensor.placement import Partial, Placement, Replicate, Shard
-from dtensor.spec import DTensorSpec, TensorMeta
+from dtensor import _comm, _persist
+from dtensor.tensor import DTensor, rebuild_dtensor
 
 __all__ = [
     "load",
@@ -80,145 +76,9 @@ __all__ = [
 ]
 
 
-# torch.save / torch.load -----------------------------------------------------
-def _encode_placement(p: Placement) -> tuple:
-    if isinstance(p, Shard):
-        return ("S", p.dim)
-    if isinstance(p, Partial):
-        return ("P", p.reduce_op)
-    return ("R",)
-
-
-def _decode_placement(code: tuple) -> Placement:
-    kind = code[0]
-    if kind == "S":
-        return Shard(int(code[1]))
-    if kind == "P":
-        return Partial(str(code[1]))
-    if kind == "R":
-        return Replicate()
-    raise ShardingError(f"rebuild_dtensor: unknown placement code {code!r} in the file")
-
-
-def reduce_dtensor(dt) -> tuple:
-    """``__reduce_ex__`` of a DTensor: only primitives, tensors and dtypes.
-
-    So ``torch.load(weights_only=True)`` needs nothing allowlisted but
-    ``rebuild_dtensor`` (no mesh, spec or placement classes).
-    """
-    spec = dt._spec
-    mesh = spec.mesh
-    args = (
-        dt._local_tensor.detach(),
-        mesh.device_type,
-        tuple(mesh.ranks),
-        tuple(mesh.shape),
-        tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
-        tuple(_encode_placement(p) for p in spec.placements),
-        tuple(spec.shape),
-        tuple(spec.stride),
-        bool(dt.requires_grad),
-    )
-    return rebuild_dtensor, args
-
-
-def rebuild_dtensor(
-    local, device_type, ranks, mesh_shape, mesh_dim_names, placements, shape, stride,
-    requires_grad,
-):
-    """Rebuild a pickled DTensor in this process (its mesh over the same ranks).
-
-    The mesh is rebuilt by its ranks; a rank outside it gets an empty block,
-    as for any DTensor.
-    """
-    from dtensor.tensor import DTensor, _empty_local
-
-    grid = torch.tensor(list(ranks), dtype=torch.int64).reshape(tuple(mesh_shape))
-    mesh = DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
-    meta = TensorMeta(tuple(shape), tuple(stride), local.dtype)
-    spec = DTensorSpec(mesh, tuple(_decode_placement(p) for p in placements), meta)
-    if mesh.get_coordinate() is None:
-        local = _empty_local(spec, local.device)
-    out = DTensor(local, spec)
-    return out.requires_grad_(True) if requires_grad else out
-
-
-torch.serialization.add_safe_globals([rebuild_dtensor])
-
-
-# The DCP tensor-subclass protocol --------------------------------------------
-def _refuse_partial(dt, what: str) -> None:
-    spec = dt._spec
-    if spec.has_partial():
-        raise PlacementError(
-            f"{what}: cannot checkpoint a DTensor with Partial placements "
-            f"{spec}; reduce it first, e.g. dt.redistribute(mesh, "
-            "[Replicate() if p.is_partial() else p for p in dt.placements])"
-        )
-
-
-def _chunk(dt):
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
-    sizes, offsets = dt._spec.local_block(dt._spec.mesh.get_coordinate())
-    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-
-
-def _holds_data(dt) -> bool:
-    # Outsiders hold nothing; an empty trailing shard (uneven) adds nothing
-    # either, and DCP treats chunks as non-empty boxes.
-    if dt._spec.mesh.get_coordinate() is None:
-        return False
-    sizes, _ = dt._spec.local_block(dt._spec.mesh.get_coordinate())
-    return all(s > 0 for s in sizes) or len(sizes) == 0
-
-
-def create_write_items(dt, fqn: str) -> list:
-    """DCP: one write item for this rank's block (none outside the mesh).
-
-    Replicas produce the same item (same offsets); DCP keeps one of them.
-    """
-    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorProperties
-    from torch.distributed.checkpoint.planner import (
-        TensorWriteData,
-        WriteItem,
-        WriteItemType,
-    )
-
-    _refuse_partial(dt, f"checkpoint save of {fqn!r}")
-    if not _holds_data(dt):
-        return []
-    chunk = _chunk(dt)
-    return [
-        WriteItem(
-            index=MetadataIndex(fqn, chunk.offsets),
-            type=WriteItemType.SHARD,
-            tensor_data=TensorWriteData(
-                chunk=chunk,
-                properties=TensorProperties.create_from_tensor(dt._local_tensor),
-                size=torch.Size(dt._spec.shape),
-            ),
-        )
-    ]
-
-
-def create_chunk_list(dt) -> list:
-    """DCP: the global boxes this rank's block covers (none outside the mesh)."""
-    _refuse_partial(dt, "checkpoint load")
-    return [_chunk(dt)] if _holds_data(dt) else []
-
-
-def get_tensor_shard(dt, index) -> torch.Tensor:
-    """DCP: the local tensor that holds the box at ``index`` (written in place on load)."""
-    _refuse_partial(dt, f"checkpoint of {index.fqn!r}")
-    return dt._local_tensor
-
-
 # save / load over the state dict's ranks ---------------------------------------
 def _dtensors(obj: Any, name: str = ""):
     """(key path, DTensor) for every DTensor in a nested state dict."""
-    from dtensor.tensor import DTensor
-
     if isinstance(obj, DTensor):
         yield name, obj
     elif isinstance(obj, Mapping):
@@ -303,7 +163,7 @@ def save(state_dict: Mapping, checkpoint_id: str | os.PathLike, **dcp_kwargs) ->
     # Checked before DCP runs, so every rank raises this error itself (DCP
     # would wrap it in a CheckpointException).
     for fqn, dt in _dtensors(state_dict):
-        _refuse_partial(dt, f"dtensor.checkpoint.save of {fqn!r}")
+        _persist.refuse_partial(dt, f"dtensor.checkpoint.save of {fqn!r}")
     member, group = process_group_for(state_dict)
     if not member:
         return
@@ -327,7 +187,7 @@ def load(state_dict: dict, checkpoint_id: str | os.PathLike, **dcp_kwargs) -> No
     import torch.distributed.checkpoint as dcp
 
     for fqn, dt in _dtensors(state_dict):
-        _refuse_partial(dt, f"dtensor.checkpoint.load into {fqn!r}")
+        _persist.refuse_partial(dt, f"dtensor.checkpoint.load into {fqn!r}")
     member, group = process_group_for(state_dict)
     if not member:
         return

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtensor.distribute import distribute_tensor
 from dtensor.errors import ShardingError
 from dtensor.mesh import DeviceMesh
 from dtensor.placement import Replicate
@@ -35,7 +36,7 @@ from dtensor.spec import (
     contiguous_stride,
     normalize_placements,
 )
-from dtensor.tensor import DTensor, _resolve_mesh, distribute_tensor
+from dtensor.tensor import DTensor, _resolve_mesh
 
 __all__ = ["distribute_module"]
 

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
-from dtensor import _comm, _compile
+from dtensor import _compile, _persist
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
-from dtensor.mesh import device_of as _device_of
 from dtensor.mesh import mesh_max as _mesh_max
 from dtensor.placement import (
     Partial,
@@ -33,7 +32,7 @@ from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
-__all__ = ["DTensor", "distribute_tensor"]
+__all__ = ["DTensor", "rebuild_dtensor"]
 
 
 def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
@@ -148,26 +147,18 @@ class DTensor(torch.Tensor):
         return self.redistribute(spec.mesh, spec.placements)
 
     # torch.save (weights_only loads) and torch.distributed.checkpoint's
-    # tensor-subclass protocol; the logic lives in dtensor/checkpoint.py.
+    # tensor-subclass protocol; the logic lives in dtensor/_persist.py.
     def __reduce_ex__(self, protocol):
-        from dtensor import checkpoint
-
-        return checkpoint.reduce_dtensor(self)
+        return rebuild_dtensor, _persist.reduce_args(self)
 
     def __create_write_items__(self, fqn: str, object):
-        from dtensor import checkpoint
-
-        return checkpoint.create_write_items(self, fqn)
+        return _persist.create_write_items(self, fqn)
 
     def __create_chunk_list__(self):
-        from dtensor import checkpoint
-
-        return checkpoint.create_chunk_list(self)
+        return _persist.create_chunk_list(self)
 
     def __get_tensor_shard__(self, index):
-        from dtensor import checkpoint
-
-        return checkpoint.get_tensor_shard(self, index)
+        return _persist.get_tensor_shard(self, index)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -394,117 +385,32 @@ class _ToLocal(torch.autograd.Function):
         return DTensor(grad, spec), None
 
 
-class _Distribute(torch.autograd.Function):
-    """Cut a global tensor in forward; gather the gradient to a full tensor in backward."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, spec: DTensorSpec, src_data_rank):
-        ctx.spec = spec
-        mesh = spec.mesh
-        coord = mesh.get_coordinate()
-        if coord is None:
-            return DTensor(_empty_local(spec, tensor.device), spec)
-        local = tensor.detach()
-        if src_data_rank is not None and mesh.size() > 1:
-            local = _broadcast_from(local, mesh, src_data_rank)
-        src = spec.with_placements(replicated(mesh))
-        local = redistribute_local(local, src, spec)
-        if local is tensor or local._base is tensor:
-            local = local.clone()
-        return DTensor(local, spec)
-
-    @staticmethod
-    def backward(ctx, grad: DTensor):
-        spec = grad._spec
-        if spec.mesh.get_coordinate() is None:
-            return None, None, None
-        full = redistribute_local(
-            grad._local_tensor, spec, spec.with_placements(replicated(spec.mesh))
-        )
-        return full, None, None
-
-
-def _check_src_data_rank(mesh: DeviceMesh, src_data_rank: int | None) -> None:
-    # Pure shape check, so members and outsiders raise the same error.
-    if src_data_rank is None:
-        return
-    smallest = min(mesh.shape)
-    if not isinstance(src_data_rank, int) or not 0 <= src_data_rank < smallest:
-        raise MeshError(
-            f"distribute_tensor: src_data_rank={src_data_rank!r} is a rank within each "
-            f"mesh axis, so it must be in [0, {smallest}) for mesh shape "
-            f"{tuple(mesh.shape)}; pass 0 (the default) or None to use each rank's own copy"
-        )
-
-
-def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -> torch.Tensor:
-    """Make every member hold the copy of mesh coordinate (k, k, ..., k).
-
-    ``src_data_rank`` counts within each mesh axis (as in torch), so the
-    default 0 names the mesh's first member on every mesh, sub-meshes that
-    leave out global rank 0 included.
-    """
-    coord = mesh.get_coordinate()
-    # Axis by axis, grow the set of holders of the source's copy: along axis
-    # k only the lines whose later coordinates equal the source's take part,
-    # so every sender already holds the source's copy.
-    for axis in range(mesh.ndim):
-        group = mesh.axis_group(axis)
-        if group is None:
-            continue
-        if all(coord[a] == src_data_rank for a in range(axis + 1, mesh.ndim)):
-            local = _comm.broadcast(local, src_data_rank, group)
-    return local
-
-
-def distribute_tensor(
-    tensor: torch.Tensor,
-    device_mesh: DeviceMesh | None = None,
-    placements: Sequence[Placement] | None = None,
-    *,
-    src_data_rank: int | None = 0,
-) -> DTensor:
-    """Lay a global tensor out over a mesh (differentiable).
-
-    Every member passes a tensor of the same shape; the values of the member
-    at index ``src_data_rank`` of every mesh axis are used (broadcast first;
-    the default 0 is the mesh's first member), or each rank's own when it is
-    ``None``. ``Partial`` placements keep the value on one coordinate (sum)
-    or all of them (avg/max/min).
-
-    Example:
-        >>> distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)]).to_local().shape
-        torch.Size([4, 2])   # on 2 ranks
-    """
-    _check_tensor(tensor, "distribute_tensor")
-    if isinstance(tensor, DTensor):
-        raise ShardingError(
-            "distribute_tensor: got a DTensor; use .redistribute(mesh, placements) "
-            "to change its layout"
-        )
-    mesh = _resolve_mesh(device_mesh, "distribute_tensor")
-    if placements is None:
-        placements = replicated(mesh)
-    _check_src_data_rank(mesh, src_data_rank)
-    device = _device_of(mesh)
-    if tensor.device.type != device.type:
-        tensor = tensor.to(device)
-    meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
-    spec = DTensorSpec(mesh, tuple(placements), meta)
-    if tensor.requires_grad and tensor.grad_fn is None:
-        # A leaf (a parameter, say) gives a leaf DTensor that owns its .grad,
-        # as in torch.distributed.tensor; computed tensors stay differentiable.
-        with torch.no_grad():
-            out = _Distribute.apply(tensor.detach(), spec, src_data_rank)
-        return out.requires_grad_(True)
-    return _Distribute.apply(tensor, spec, src_data_rank)
-
-
-# Dispatch sits below this class (the class calls it) and wraps results in it.
 serve(DTensor)
 
 # torch.compile records these as calls in Dynamo's graph (see dtensor/_compile.py).
 _compile.trace_as_calls(
     DTensor.from_local, DTensor.to_local, DTensor.redistribute, DTensor.full_tensor,
-    distribute_tensor,
 )
+
+
+def rebuild_dtensor(
+    local, device_type, ranks, mesh_shape, mesh_dim_names, placements, shape, stride,
+    requires_grad,
+):
+    """Rebuild a pickled DTensor in this process (its mesh over the same ranks).
+
+    The mesh is rebuilt by its ranks; a rank outside it gets an empty block,
+    as for any DTensor.
+    """
+    grid = torch.tensor(list(ranks), dtype=torch.int64).reshape(tuple(mesh_shape))
+    mesh = DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+    meta = TensorMeta(tuple(shape), tuple(stride), local.dtype)
+    spec = DTensorSpec(mesh, tuple(_persist.decode_placement(p) for p in placements), meta)
+    if mesh.get_coordinate() is None:
+        local = _empty_local(spec, local.device)
+    out = DTensor(local, spec)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+# The one global a weights_only load of a DTensor needs.
+torch.serialization.add_safe_globals([rebuild_dtensor])

@@ -1,0 +1,136 @@
+"""``distribute_tensor``: one global tensor in, this rank's block of it out.
+
+Differentiable (the gradient of the global tensor is the gathered gradient of
+the blocks); ``src_data_rank`` picks whose copy is authoritative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dtensor import _comm, _compile
+from dtensor.errors import MeshError, ShardingError
+from dtensor.mesh import DeviceMesh
+from dtensor.mesh import device_of as _device_of
+from dtensor.placement import Placement, replicated
+from dtensor.redistribute import empty_local as _empty_local
+from dtensor.redistribute import redistribute_local
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+from dtensor.tensor import DTensor, _check_tensor, _resolve_mesh
+
+__all__ = ["distribute_tensor"]
+
+
+class _Distribute(torch.autograd.Function):
+    """Cut a global tensor in forward; gather the gradient to a full tensor in backward."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, spec: DTensorSpec, src_data_rank):
+        ctx.spec = spec
+        mesh = spec.mesh
+        coord = mesh.get_coordinate()
+        if coord is None:
+            return DTensor(_empty_local(spec, tensor.device), spec)
+        local = tensor.detach()
+        if src_data_rank is not None and mesh.size() > 1:
+            local = _broadcast_from(local, mesh, src_data_rank)
+        src = spec.with_placements(replicated(mesh))
+        local = redistribute_local(local, src, spec)
+        if local is tensor or local._base is tensor:
+            local = local.clone()
+        return DTensor(local, spec)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor):
+        spec = grad._spec
+        if spec.mesh.get_coordinate() is None:
+            return None, None, None
+        full = redistribute_local(
+            grad._local_tensor, spec, spec.with_placements(replicated(spec.mesh))
+        )
+        return full, None, None
+
+
+def _check_src_data_rank(mesh: DeviceMesh, src_data_rank: int | None) -> None:
+    # Pure shape check, so members and outsiders raise the same error.
+    if src_data_rank is None:
+        return
+    smallest = min(mesh.shape)
+    if not isinstance(src_data_rank, int) or not 0 <= src_data_rank < smallest:
+        raise MeshError(
+            f"distribute_tensor: src_data_rank={src_data_rank!r} is a rank within each "
+            f"mesh axis, so it must be in [0, {smallest}) for mesh shape "
+            f"{tuple(mesh.shape)}; pass 0 (the default) or None to use each rank's own copy"
+        )
+
+
+def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -> torch.Tensor:
+    """Make every member hold the copy of mesh coordinate (k, k, ..., k).
+
+    ``src_data_rank`` counts within each mesh axis (as in torch), so the
+    default 0 names the mesh's first member on every mesh, sub-meshes that
+    leave out global rank 0 included.
+    """
+    coord = mesh.get_coordinate()
+    # Axis by axis, grow the set of holders of the source's copy: along axis
+    # k only the lines whose later coordinates equal the source's take part,
+    # so every sender already holds the source's copy.
+    for axis in range(mesh.ndim):
+        group = mesh.axis_group(axis)
+        if group is None:
+            continue
+        if all(coord[a] == src_data_rank for a in range(axis + 1, mesh.ndim)):
+            local = _comm.broadcast(local, src_data_rank, group)
+    return local
+
+
+def distribute_tensor(
+    tensor: torch.Tensor,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> DTensor:
+    """Lay a global tensor out over a mesh (differentiable).
+
+    Every member passes a tensor of the same shape; the values of the member
+    at index ``src_data_rank`` of every mesh axis are used (broadcast first;
+    the default 0 is the mesh's first member), or each rank's own when it is
+    ``None``. ``Partial`` placements keep the value on one coordinate (sum)
+    or all of them (avg/max/min).
+
+    Example:
+        >>> distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)]).to_local().shape
+        torch.Size([4, 2])   # on 2 ranks
+    """
+    _check_tensor(tensor, "distribute_tensor")
+    if isinstance(tensor, DTensor):
+        raise ShardingError(
+            "distribute_tensor: got a DTensor; use .redistribute(mesh, placements) "
+            "to change its layout"
+        )
+    mesh = _resolve_mesh(device_mesh, "distribute_tensor")
+    if placements is None:
+        placements = replicated(mesh)
+    _check_src_data_rank(mesh, src_data_rank)
+    device = _device_of(mesh)
+    if tensor.device.type != device.type:
+        tensor = tensor.to(device)
+    meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
+    spec = DTensorSpec(mesh, tuple(placements), meta)
+    if tensor.requires_grad and tensor.grad_fn is None:
+        # A leaf (a parameter, say) gives a leaf DTensor that owns its .grad,
+        # as in torch.distributed.tensor; computed tensors stay differentiable.
+        with torch.no_grad():
+            out = _Distribute.apply(tensor.detach(), spec, src_data_rank)
+        return out.requires_grad_(True)
+    return _Distribute.apply(tensor, spec, src_data_rank)
+
+
+# Dispatch sits below this class (the class calls it) and wraps results in it.
+
+
+# torch.compile records it as a call in Dynamo's graph (see dtensor/_compile.py).
+_compile.trace_as_calls(distribute_tensor)
