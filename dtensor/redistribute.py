@@ -3,7 +3,9 @@
 ``plan(src, dst, mesh_shape)`` turns two placement tuples into a tuple of
 ``Step`` values without touching the network; ``execute`` runs them on a
 local tensor through ``dtensor._comm``; ``redistribute_local`` does both for
-a block of a ``DTensorSpec``. The plan has four phases:
+a block of a ``DTensorSpec``. The plan has four phases; before the first
+and after every gather, replicated axes whose target shard can already be cut
+in nesting order are sliced (free, and every later collective moves less):
 
 1. reduce: every ``Partial`` axis whose target differs is all-reduced, or,
    when its target is ``Shard(d)`` and that shard can be cut right away (see
@@ -83,6 +85,17 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
         steps.append(Step(axis, kind, cur[axis], new, tuple(cur)))
         cur[axis] = new
 
+    def slice_early() -> None:
+        # A cut is free and shrinks every later collective, so a replicated
+        # axis takes its target shard as soon as the nesting allows it.
+        for axis, d in enumerate(dst):
+            if cur[axis] == Replicate() and isinstance(d, Shard):
+                if _scatter_now(cur, dst, axis, d.dim):
+                    emit(axis, "slice", d)
+
+    # 0. slice what can be cut before anything moves.
+    slice_early()
+
     # 1. reduce pending partial sums that the target does not keep.
     for axis, (s, d) in enumerate(zip(src, dst, strict=True)):
         if isinstance(s, Partial) and s != d:
@@ -100,6 +113,7 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
             keep += 1
         for axis in reversed(s_axes[keep:]):
             emit(axis, "gather", Replicate())
+            slice_early()
 
     # 3. slice target shards, outer axis first (left-to-right nesting).
     for axis, d in enumerate(dst):
@@ -116,7 +130,7 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
 
 
 def _scatter_now(cur: list, dst: tuple, axis: int, dim: int) -> bool:
-    """Whether ``axis`` can take its target ``Shard(dim)`` during the reduce phase.
+    """Whether ``axis`` can take its target ``Shard(dim)`` now (slice or reduce-scatter).
 
     Nested shards split ``dim`` outer axis first, so cutting ``axis``'s piece
     now is only the final layout when the axes already sharding ``dim`` before

@@ -76,9 +76,24 @@ def test_partial_to_shard_falls_back_when_the_cut_would_be_out_of_order() -> Non
     assert [(s.kind, s.axis) for s in steps] == [
         ("reduce", 0), ("gather", 1), ("slice", 0), ("slice", 1),
     ]
-    # The outer axis of the target is not sharded yet: its slice comes later.
+    # The outer axis of the target is cut first (free), then the inner reduce-scatters.
     steps = plan((Replicate(), Partial()), (Shard(0), Shard(0)), (2, 2))
-    assert [(s.kind, s.axis) for s in steps] == [("reduce", 1), ("slice", 0), ("slice", 1)]
+    assert [(s.kind, s.axis) for s in steps] == [("slice", 0), ("reduce_scatter", 1)]
+    # Not the other way round: an outer partial waits for the inner axis' cut.
+    steps = plan((Partial(), Replicate()), (Shard(1), Shard(1)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 0), ("slice", 1)]
+
+
+def test_replicated_axes_are_cut_before_anything_moves() -> None:
+    # Cutting axis 1 first halves the block axis 0 gathers.
+    steps = plan((Shard(0), Replicate()), (Replicate(), Shard(1)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("slice", 1), ("gather", 0)]
+    # After the inner gather frees axis 1, it is cut before the outer gather.
+    steps = plan((Shard(0), Shard(0)), (Replicate(), Shard(1)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("gather", 1), ("slice", 1), ("gather", 0)]
+    # Before a reduce too: the all-reduce moves the sliced block.
+    steps = plan((Replicate(), Partial()), (Shard(0), Replicate()), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("slice", 0), ("reduce", 1)]
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
@@ -94,10 +109,11 @@ def test_every_plan_reaches_its_target_with_valid_steps(mesh_shape) -> None:
             if step.kind in ("slice", "reduce_scatter"):
                 later = [a for a, p in enumerate(cur) if p == step.dst and a > step.axis]
                 assert not later, (src, dst, step)
-            if step.kind == "reduce_scatter":
+            if step.kind in ("slice", "reduce_scatter"):
                 # The outer shards of the dim are final: never gathered later.
                 outer = [a for a in range(step.axis) if cur[a] == step.dst]
                 assert outer == [a for a in range(step.axis) if dst[a] == step.dst], (src, dst)
+            if step.kind == "reduce_scatter":
                 assert isinstance(step.src, Partial), (src, dst, step)
             cur[step.axis] = step.dst
         assert tuple(cur) == dst
