@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from dtensor import _compile
+from dtensor import _random_blocks as blocks
 from dtensor import random as rng
 from dtensor.dispatch.execute import wrap
 from dtensor.errors import ShardingError
@@ -178,7 +179,7 @@ def _native_dropout(func, args, kwargs):
     axes are reduced first. The mask is never partial."""
     x, p = args[0], float(args[1])
     train = args[2] if len(args) > 2 else kwargs.get("train")
-    rng._threshold(p, "native_dropout")
+    blocks._threshold(p, "native_dropout")
     spec, local = x._spec, x._local_tensor
     if any(q.is_partial() and not q.is_linear for q in spec.placements):
         reduced = spec.with_placements([
@@ -228,7 +229,7 @@ def _int_maker(self, op: str, lo: int, hi: int, block_fn, /, **fixed):
 
 def _random_from(self, low: int, high: int | None):
     """``random_(from, to)``; ``to=None`` means up to the dtype's top (torch's range)."""
-    high = rng._random_span(self.dtype) if high is None else high
+    high = blocks._random_span(self.dtype) if high is None else high
     return _int_maker(self, "random_", low, high, rng.randint_block, low=low, high=high,
                       dtype=self.dtype)
 
@@ -256,7 +257,7 @@ HANDLERS = {
     ),
     aten.random_.default: _inplace(
         lambda self, **kw: _int_maker(
-            self, "random_", 0, rng._random_span(self.dtype), rng.random_block, dtype=self.dtype)
+            self, "random_", 0, blocks._random_span(self.dtype), rng.random_block, dtype=self.dtype)
     ),
     aten.random_.to: _inplace(
         lambda self, to, **kw: _int_maker(

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dtensor._philox as P
+import dtensor._random_blocks as B
 import dtensor.random as R
+from dtensor._random_blocks import _MANTISSA
 from dtensor.testing.strategies import tensor_shapes
 
 M32 = 0xFFFFFFFF
@@ -233,7 +235,7 @@ def test_uniform_never_returns_high(dtype: torch.dtype) -> None:
     u = R.uniform_block(0, 0, n, (0,), n, dtype=dtype)
     assert u.min() >= 0 and u.max() < 1
     # an interval one ulp wide: every value must be `low`, never `high`
-    low, high = 1.0, 1.0 + 2.0 ** -(R._MANTISSA[dtype] - 1)
+    low, high = 1.0, 1.0 + 2.0 ** -(_MANTISSA[dtype] - 1)
     v = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=low, high=high)
     assert (v == low).all()
     w = R.uniform_block(0, 0, n, (0,), n, dtype=dtype, low=-3.0, high=-1.0)
@@ -458,12 +460,14 @@ def test_dropout_scales_kept_values_and_is_identity_in_eval() -> None:
 
 
 def test_module_is_pure_torch() -> None:
-    """dtensor.random imports only its Philox core from dtensor, and the core
-    imports nothing from dtensor (the runtime wires them in)."""
+    """dtensor.random imports only its block functions and Philox core from
+    dtensor, the blocks only the core, and the core nothing from dtensor (the
+    runtime wires them in)."""
     import ast
     import inspect
 
-    for mod, allowed in ((R, {"dtensor._philox"}), (P, set())):
+    for mod, allowed in ((R, {"dtensor._philox", "dtensor._random_blocks"}),
+                         (B, {"dtensor._philox"}), (P, set())):
         tree = ast.parse(inspect.getsource(mod))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]

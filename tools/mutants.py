@@ -74,7 +74,7 @@ def _partial_to_replicate_skips_reduce() -> None:
 
 
 def _random_same_offset_on_every_shard() -> None:
-    from dtensor import random as rng
+    from dtensor import _random_blocks as rng
 
     original = rng._generate
 
