@@ -39,6 +39,9 @@ RANK_PID_ENV = "LAUNCH_RANK_PID"  # set by a rank process: its pid
 
 __all__ = ["SERVER_ENV", "World", "timeout_of", "world_size", "world_size_of"]
 
+# Loaded with the service wherever it is (entry point, -p, conftest).
+pytest_plugins = ["launch.shuffle"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("launch", "distributed test service (launch)")
