@@ -13,7 +13,7 @@ in nesting order are sliced (free, and every later collective moves less):
    and every later step moves 1/n of the data.
 2. gather: for each tensor dim, the axes that shard it in the source but are
    not part of the longest common prefix with the target are all-gathered,
-   innermost axis first (with nested sharding only the innermost piece can be
+   innermost axis first over all dims (with nested sharding only the innermost piece can be
    gathered without reordering rows, the bug behind upstream issue 194457).
 3. slice: target shards not yet in place are cut locally, outer axis first.
 4. partial: ``Replicate`` axes that become ``Partial`` keep or zero values.
@@ -105,15 +105,19 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
                 emit(axis, "reduce", Replicate())
 
     # 2. gather source shards outside the common prefix, innermost first.
+    # All dims at once, inner axis first: an inner gather can free an axis
+    # whose cut then shrinks the outer gathers, whatever dim they move.
     dims = {p.dim for p in src + dst if isinstance(p, Shard)}
+    gathers = []
     for dim in sorted(dims):
         s_axes, d_axes = _shard_order(cur, dim), _shard_order(dst, dim)
         keep = 0
         while keep < min(len(s_axes), len(d_axes)) and s_axes[keep] == d_axes[keep]:
             keep += 1
-        for axis in reversed(s_axes[keep:]):
-            emit(axis, "gather", Replicate())
-            slice_early()
+        gathers += s_axes[keep:]
+    for axis in sorted(gathers, reverse=True):
+        emit(axis, "gather", Replicate())
+        slice_early()
 
     # 3. slice target shards, outer axis first (left-to-right nesting).
     for axis, d in enumerate(dst):

@@ -91,6 +91,9 @@ def test_replicated_axes_are_cut_before_anything_moves() -> None:
     # After the inner gather frees axis 1, it is cut before the outer gather.
     steps = plan((Shard(0), Shard(0)), (Replicate(), Shard(1)), (2, 2))
     assert [(s.kind, s.axis) for s in steps] == [("gather", 1), ("slice", 1), ("gather", 0)]
+    # Inner axes gather first whatever their dim, so axis 1's cut comes before axis 0's gather.
+    steps = plan((Shard(0), Replicate(), Shard(1)), (Replicate(), Shard(1), Replicate()), (2, 2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("gather", 2), ("slice", 1), ("gather", 0)]
     # Before a reduce too: the all-reduce moves the sliced block.
     steps = plan((Replicate(), Partial()), (Shard(0), Replicate()), (2, 2))
     assert [(s.kind, s.axis) for s in steps] == [("slice", 0), ("reduce", 1)]
