@@ -96,13 +96,26 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
     # 0. slice what can be cut before anything moves.
     slice_early()
 
-    # 1. reduce pending partial sums that the target does not keep.
-    for axis, (s, d) in enumerate(zip(src, dst, strict=True)):
-        if isinstance(s, Partial) and s != d:
+    # 1. reduce pending partial sums that the target does not keep. When the
+    # reductions commute (sum/avg only, or one op throughout), reduce-scatters
+    # go first and free cuts follow, so the all-reduces move 1/n of the data.
+    pending = [a for a, (s, d) in enumerate(zip(src, dst, strict=True))
+               if isinstance(s, Partial) and s != d]
+    ops = {src[a].reduce_op for a in pending}
+    if ops <= {"sum", "avg"} or len(ops) == 1:
+        for axis in pending:
+            d = dst[axis]
             if isinstance(d, Shard) and _scatter_now(cur, dst, axis, d.dim):
                 emit(axis, "reduce_scatter", d)
-            else:
-                emit(axis, "reduce", Replicate())
+        slice_early()
+    for axis in pending:
+        d = dst[axis]
+        if cur[axis] != src[axis]:
+            continue  # reduce-scattered above
+        if isinstance(d, Shard) and _scatter_now(cur, dst, axis, d.dim):
+            emit(axis, "reduce_scatter", d)
+        else:
+            emit(axis, "reduce", Replicate())
 
     # 2. gather source shards outside the common prefix, innermost first.
     # All dims at once, inner axis first: an inner gather can free an axis

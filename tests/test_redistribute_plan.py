@@ -84,6 +84,14 @@ def test_partial_to_shard_falls_back_when_the_cut_would_be_out_of_order() -> Non
     assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 0), ("slice", 1)]
 
 
+def test_reduce_scatters_go_before_all_reduces_when_they_commute() -> None:
+    steps = plan((Shard(0), Partial(), Partial()), (Shard(0), Replicate(), Shard(0)), (2, 2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce_scatter", 2), ("reduce", 1)]
+    # max then sum is not sum then max: mixed ops keep the axis order.
+    steps = plan((Partial("max"), Partial()), (Replicate(), Shard(0)), (2, 2))
+    assert [(s.kind, s.axis) for s in steps] == [("reduce", 0), ("reduce_scatter", 1)]
+
+
 def test_replicated_axes_are_cut_before_anything_moves() -> None:
     # Cutting axis 1 first halves the block axis 0 gathers.
     steps = plan((Shard(0), Replicate()), (Replicate(), Shard(1)), (2, 2))
