@@ -20,8 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +30,14 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from dtensor.placement import REDUCE_OPS, Partial, Placement, Replicate, Shard
+from dtensor.testing.meshes import (
+    MeshLayout,
+    check_int,
+    check_order,
+    mesh_layouts,
+    mesh_shapes,
+    sub_meshes,
+)
 
 __all__ = [
     "DTYPES",
@@ -57,172 +63,6 @@ DTYPES: tuple[torch.dtype, ...] = (
 )
 
 
-# Validation -----------------------------------------------------------------
-def _check_int(fn: str, name: str, value: Any, *, min_value: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{fn}: {name}={value!r} must be an int")
-    if value < min_value:
-        raise InvalidArgument(f"{fn}: {name}={value} must be >= {min_value}")
-
-
-def _check_order(fn: str, lo: str, lo_v: int, hi: str, hi_v: int) -> None:
-    if lo_v > hi_v:
-        raise InvalidArgument(f"{fn}: {lo}={lo_v} must be <= {hi}={hi_v}")
-
-
-# Meshes -----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class MeshLayout:
-    """A mesh as a value: its shape and its global ranks in row-major order.
-
-    ``ranks`` may leave ranks of the world out (a sub-mesh). ``build`` makes
-    the mesh (cached, so an example that repeats a layout reuses its groups).
-    """
-
-    shape: tuple[int, ...]
-    ranks: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if math.prod(self.shape) != len(self.ranks):
-            raise InvalidArgument(
-                f"MeshLayout: shape {self.shape} holds {math.prod(self.shape)} "
-                f"ranks, got {len(self.ranks)}: {self.ranks}"
-            )
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def grid(self) -> torch.Tensor:
-        return torch.tensor(self.ranks, dtype=torch.int64).reshape(self.shape)
-
-    def coordinate_of(self, rank: int) -> tuple[int, ...] | None:
-        """Mesh coordinate of global ``rank``; ``None`` when outside."""
-        if rank not in self.ranks:
-            return None
-        flat = self.ranks.index(rank)
-        return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), self.shape))
-
-    def build(self, factory: Callable[[MeshLayout], Any] | None = None) -> Any:
-        """The mesh; ``factory(layout)`` builds it (default: a dtensor CPU mesh)."""
-        return (factory or _dtensor_mesh)(self)
-
-    def __repr__(self) -> str:
-        return f"MeshLayout(shape={self.shape}, ranks={self.ranks})"
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
-        p.text(repr(self))
-
-
-@functools.lru_cache(maxsize=256)
-def _dtensor_mesh(layout: MeshLayout):
-    from dtensor.mesh import DeviceMesh
-
-    return DeviceMesh("cpu", layout.grid())
-
-
-@functools.lru_cache(maxsize=256)
-def _factorizations(n: int, ndim: int) -> tuple[tuple[int, ...], ...]:
-    """Ordered ways to write ``n`` as a product of ``ndim`` positive ints."""
-    if ndim == 1:
-        return ((n,),)
-    out = []
-    for d in range(1, n + 1):
-        if n % d == 0:
-            out.extend((d, *rest) for rest in _factorizations(n // d, ndim - 1))
-    return tuple(out)
-
-
-def mesh_shapes(
-    *,
-    world_size: int,
-    min_ndim: int = 1,
-    max_ndim: int = 3,
-    min_ranks: int | None = None,
-) -> st.SearchStrategy[tuple[int, ...]]:
-    """Mesh shapes of ``min_ndim..max_ndim`` axes over ``min_ranks..world_size`` ranks.
-
-    Args:
-        world_size: ranks available (>= 1).
-        min_ndim, max_ndim: number of mesh axes (1 <= min_ndim <= max_ndim).
-        min_ranks: fewest ranks the mesh may hold; defaults to ``world_size``
-            (the mesh uses every rank). Smaller values allow sub-meshes.
-
-    Size-1 axes are included (they are legal and a classic edge case). Shrinks
-    towards fewer axes, then towards the largest first axis.
-
-    Example:
-        >>> mesh_shapes(world_size=4, max_ndim=2)   # (4,), (1, 4), (2, 2), (4, 1)
-    """
-    fn = "mesh_shapes"
-    _check_int(fn, "world_size", world_size, min_value=1)
-    _check_int(fn, "min_ndim", min_ndim, min_value=1)
-    _check_int(fn, "max_ndim", max_ndim, min_value=1)
-    _check_order(fn, "min_ndim", min_ndim, "max_ndim", max_ndim)
-    if min_ranks is None:
-        min_ranks = world_size
-    _check_int(fn, "min_ranks", min_ranks, min_value=1)
-    _check_order(fn, "min_ranks", min_ranks, "world_size", world_size)
-    shapes = [
-        shape
-        for ndim in range(min_ndim, max_ndim + 1)
-        for k in range(world_size, min_ranks - 1, -1)
-        for shape in _factorizations(k, ndim)
-    ]
-    return st.sampled_from(shapes)
-
-
-def sub_meshes(
-    *,
-    world_size: int,
-    min_ndim: int = 1,
-    max_ndim: int = 3,
-    min_outsiders: int = 1,
-) -> st.SearchStrategy[MeshLayout]:
-    """Meshes over some of the world's ranks, leaving ``>= min_outsiders`` out.
-
-    The mesh's ranks are a sorted subset of ``range(world_size)``, so which
-    ranks sit outside varies (not only the last ones).
-
-    Example:
-        >>> sub_meshes(world_size=4)   # e.g. MeshLayout(shape=(1, 2), ranks=(1, 3))
-    """
-    fn = "sub_meshes"
-    _check_int(fn, "world_size", world_size, min_value=2)
-    _check_int(fn, "min_outsiders", min_outsiders, min_value=1)
-    _check_order(fn, "min_outsiders", min_outsiders, "world_size - 1", world_size - 1)
-    shapes = mesh_shapes(
-        world_size=world_size - min_outsiders,
-        min_ndim=min_ndim,
-        max_ndim=max_ndim,
-        min_ranks=1,
-    )
-
-    def with_ranks(shape: tuple[int, ...]) -> st.SearchStrategy[MeshLayout]:
-        k = math.prod(shape)
-        subsets = list(itertools.combinations(range(world_size), k))
-        return st.sampled_from(subsets).map(lambda ranks: MeshLayout(shape, ranks))
-
-    return shapes.flatmap(with_ranks)
-
-
-def mesh_layouts(
-    *,
-    world_size: int,
-    min_ndim: int = 1,
-    max_ndim: int = 3,
-    allow_sub_meshes: bool = False,
-) -> st.SearchStrategy[MeshLayout]:
-    """Mesh layouts over all ``world_size`` ranks (ranks in order), or with
-    ``allow_sub_meshes=True`` also over some of them."""
-    full = mesh_shapes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim).map(
-        lambda shape: MeshLayout(shape, tuple(range(world_size)))
-    )
-    if not allow_sub_meshes or world_size == 1:
-        return full
-    return full | sub_meshes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)
-
-
 # Placements -----------------------------------------------------------------------
 def placements(
     *,
@@ -244,8 +84,8 @@ def placements(
         >>> placements(mesh_ndim=2, tensor_ndim=1)   # e.g. (Shard(dim=0), Partial('max'))
     """
     fn = "placements"
-    _check_int(fn, "mesh_ndim", mesh_ndim, min_value=1)
-    _check_int(fn, "tensor_ndim", tensor_ndim)
+    check_int(fn, "mesh_ndim", mesh_ndim, min_value=1)
+    check_int(fn, "tensor_ndim", tensor_ndim)
     bad = [op for op in reduce_ops if op not in REDUCE_OPS]
     if bad or isinstance(reduce_ops, str):
         raise InvalidArgument(
@@ -283,16 +123,16 @@ def tensor_shapes(
         >>> tensor_shapes(max_dims=2)   # (), (0,), (5, 3), ...
     """
     fn = "tensor_shapes"
-    _check_int(fn, "min_dims", min_dims)
+    check_int(fn, "min_dims", min_dims)
     if max_dims is None:
         max_dims = max(min_dims, 3)
-    _check_int(fn, "max_dims", max_dims)
-    _check_order(fn, "min_dims", min_dims, "max_dims", max_dims)
-    _check_int(fn, "min_side", min_side)
+    check_int(fn, "max_dims", max_dims)
+    check_order(fn, "min_dims", min_dims, "max_dims", max_dims)
+    check_int(fn, "min_side", min_side)
     if max_side is None:
         max_side = min_side + 5
-    _check_int(fn, "max_side", max_side)
-    _check_order(fn, "min_side", min_side, "max_side", max_side)
+    check_int(fn, "max_side", max_side)
+    check_order(fn, "min_side", min_side, "max_side", max_side)
     side = st.integers(min_side, max_side)
     return st.lists(side, min_size=min_dims, max_size=max_dims).map(tuple)
 
@@ -447,7 +287,7 @@ def distributed_inputs(
         ...     dt = distribute_tensor(inp.tensor, inp.mesh, inp.placements)
     """
     fn = "distributed_inputs"
-    _check_int(fn, "world_size", world_size, min_value=1)
+    check_int(fn, "world_size", world_size, min_value=1)
     mesh_shapes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)  # validate
     placements(mesh_ndim=1, tensor_ndim=0, allow_partial=allow_partial,
                reduce_ops=reduce_ops)  # validate
