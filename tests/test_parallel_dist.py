@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
-from dtensor.debug import CommCounter
+from dtensor.debug import CommCounter, CommDebugMode
 from dtensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -182,6 +182,77 @@ def test_sequence_parallel_norms(world, kind) -> None:
     (ref(x) * w).sum().backward()
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(_grad(p), q.grad, **TOL)
+
+
+def _seq_block(x, mesh, rank, n=2):
+    """This rank's sequence block of ``x`` as a Shard(1) DTensor (no communication)."""
+    return DTensor.from_local(x.chunk(n, dim=1)[rank], mesh, [Shard(1)])
+
+
+@pytest.mark.world_size(2)
+def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> None:
+    """A replicated norm weight on sequence shards gets a Partial gradient: it
+    is all-reduced once per backward, so p.grad is Replicate, micro-batches
+    accumulate replicated values, and clipping and AdamW need no collective
+    (left Partial, AdamW all-reduced it three times per step)."""
+    torch.manual_seed(11)
+    ref = nn.LayerNorm(8)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh, SequenceParallel())
+    funcol = torch.ops.c10d_functional
+    for _ in range(3):  # three micro-batches accumulate into one step
+        x, w = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+        out = model(x.chunk(2, dim=1)[world.rank])
+        with CommDebugMode() as comm:
+            (out * _seq_block(w, mesh, world.rank)).sum().backward()
+        assert comm.get_comm_counts() == {funcol.all_reduce: 2}  # weight, bias: once each
+        assert comm.get_comm_bytes() == {funcol.all_reduce: 2 * 8 * 4}
+        (ref(x) * w).sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert p.grad.placements == (Replicate(),)
+            torch.testing.assert_close(p.grad.to_local(), q.grad, **TOL)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    with CommDebugMode() as comm:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+    assert comm.get_total_counts() == 0
+    torch.testing.assert_close(norm.full_tensor(), nn.utils.clip_grad_norm_(ref.parameters(), 0.5), **TOL)
+    opt_ref.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.detach().to_local(), q.detach(), **TOL)
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad.placements == (Replicate(),) and not p.grad.to_local().any()
+               for p in model.parameters())
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.world_size(2)
+def test_grad_reduction_survives_meta_init_and_deepcopy(world) -> None:
+    """to_empty swaps the tensor under each parameter (its hooks stay behind)
+    and deepcopy makes new parameters: the next forward hooks them again."""
+    mesh = _mesh(2)
+    with torch.device("meta"):
+        model = nn.LayerNorm(8)
+    parallelize_module(model, mesh, SequenceParallel())
+    model.to_empty(device="cpu")
+    model.reset_parameters()  # ones and zeros, as nn.LayerNorm(8) starts
+    ref = nn.LayerNorm(8)
+    torch.manual_seed(12)
+    x, w = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    (ref(x) * w).sum().backward()
+    for m in (model, copy.deepcopy(model)):
+        out = m(x.chunk(2, dim=1)[world.rank])
+        with CommCounter() as c:
+            (out * _seq_block(w, mesh, world.rank)).sum().backward()
+        assert c.counts == {"all_reduce": 2}
+        for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+            assert p.grad.placements == (Replicate(),)
+            torch.testing.assert_close(p.grad.to_local(), q.grad, **TOL)
 
 
 @pytest.mark.world_size(2)
@@ -364,20 +435,49 @@ def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes
     ref = x.clone().requires_grad_()
     want = F.cross_entropy(ref, y, **kw)
     dx = distribute_tensor(x.clone(), mesh, [Shard(1)]).requires_grad_()
-    with CommCounter() as c, loss_parallel():
+    with CommDebugMode() as comm, loss_parallel():
         loss = F.cross_entropy(dx, y, **kw)
-    assert c.counts == {"all_reduce": 2}  # the max, then the sums: no gather
-    # Per row: the max, the sum of exps, the target logit (+ the sum of logits
-    # only with label smoothing): the least a class-sharded softmax needs.
-    rows = 3 + bool(kw.get("label_smoothing"))
-    assert c.bytes == {"all_reduce": rows * x.shape[0] * x.element_size()}
+    # The least a class-sharded softmax needs: each rank's per-row log-sum-exp
+    # gathered (N floats from each rank), and the target-logit term summed over
+    # ranks: one float for a 'mean'/'sum' loss (label smoothing folds the sum
+    # of logits into it), a row of N for 'none'. No max, no gather of logits.
+    funcol = torch.ops.c10d_functional
+    rows, f32 = x.shape[0], x.element_size()
+    assert comm.get_comm_counts() == {funcol.all_gather_into_tensor: 1, funcol.all_reduce: 1}
+    per_row = kw.get("reduction") == "none"
+    assert comm.get_comm_bytes() == {
+        funcol.all_gather_into_tensor: n * rows * f32,
+        funcol.all_reduce: (rows if per_row else 1) * f32,
+    }
     assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
     torch.testing.assert_close(loss.full_tensor(), want, **TOL)
-    with CommCounter() as c:
+    with CommDebugMode() as comm:
         loss.backward(torch.ones_like(loss)) if kw.get("reduction") == "none" else loss.backward()
     want.backward(torch.ones_like(want))
-    assert c.total == 0
+    assert comm.get_total_counts() == 0
     assert dx.grad.placements == (Shard(1),)
+    torch.testing.assert_close(dx.grad.full_tensor(), ref.grad, **TOL)
+
+
+@WORLDS
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_loss_parallel_large_and_masked_logits(world, n, reduction) -> None:
+    """Logits far beyond exp's range, and a row whose first block of classes
+    (one rank's whole shard) is -inf: the local max shift keeps both finite."""
+    mesh = _mesh(n)
+    x, y = _logits(classes=12)
+    x = x * 1e4
+    x[1, :6] = float("-inf")
+    y[1] = 8
+    ref = x.clone().requires_grad_()
+    want = F.cross_entropy(ref, y, reduction=reduction, label_smoothing=0.0)
+    dx = distribute_tensor(x.clone(), mesh, [Shard(1)]).requires_grad_()
+    with loss_parallel():
+        loss = F.cross_entropy(dx, y, reduction=reduction)
+    torch.testing.assert_close(loss.full_tensor(), want, **TOL)
+    loss.sum().backward() if reduction == "none" else loss.backward()
+    want.sum().backward()
+    assert torch.isfinite(dx.grad.full_tensor()).all()
     torch.testing.assert_close(dx.grad.full_tensor(), ref.grad, **TOL)
 
 

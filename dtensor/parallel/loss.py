@@ -2,10 +2,16 @@
 
 Inside ``with loss_parallel():`` a call of ``F.cross_entropy`` (or
 ``nn.CrossEntropyLoss``) whose input is a DTensor sharded on the class dim
-computes the loss from each rank's block of classes: one all-reduce (max) for
-a stable log-sum-exp, one (sum) for the sum of exponentials and the target
-logit. The backward, ``softmax - one_hot``, is computed from the saved local
-blocks with no communication. The loss is a replicated DTensor.
+computes the loss from each rank's block of classes. Each rank takes the
+log-sum-exp of its own block per row (stable: its local max first) and one
+all-gather of those N floats gives every rank every block's, from which it
+computes the global log-sum-exp itself. The target logits enter a ``'mean'``
+or ``'sum'`` loss only through their sum, so one scalar all-reduce carries
+them (with label smoothing, the smoothed sum of logits too);
+``reduction='none'`` needs each row's, an all-reduce of N floats. The
+backward, ``softmax - one_hot`` from the gathered log-sum-exp, is computed
+from the saved local blocks with no communication. The loss is a replicated
+DTensor.
 
 Example:
     >>> logits = model(tokens)            # DTensor [B*T, V] placed [Shard(1)]
@@ -119,63 +125,75 @@ def sharded_cross_entropy(
     local = input.to_local()  # [N, c, *rest] or [c]; its gradient stays class-sharded
     rows = local.movedim(cdim, -1).reshape(-1, local.shape[cdim])  # [R, c]
     flat_t = target.reshape(-1).to(rows.device)
-    per_row = _ShardedCrossEntropy.apply(
+    summed = reduction != "none"
+    out = _ShardedCrossEntropy.apply(
         rows, flat_t, offset[cdim], groups, ignore_index, float(label_smoothing),
-        input.shape[cdim],
-    )  # [R]; ignored rows are 0
+        input.shape[cdim], summed,
+    )  # the sum over rows, or [R] per row; ignored rows count 0
     if reduction == "none":
-        loss = per_row.reshape(want)
+        loss = out.reshape(want)
     elif reduction == "sum":
-        loss = per_row.sum()
+        loss = out
     else:
-        loss = per_row.sum() / (flat_t != ignore_index).sum()
+        loss = out / (flat_t != ignore_index).sum()
     return DTensor.from_local(loss, mesh, [Replicate()] * mesh.ndim)
 
 
-def _all_reduce(t: torch.Tensor, op: str, groups: tuple) -> torch.Tensor:
+def _all_reduce(t: torch.Tensor, groups: tuple) -> torch.Tensor:
     for g in groups:
-        t = _comm.all_reduce(t, op, g)
+        t = _comm.all_reduce(t, "sum", g)
     return t
 
 
+def _global_logsumexp(lse: torch.Tensor, groups: tuple) -> torch.Tensor:
+    """Every rank's per-row log-sum-exp gathered (N floats each) and combined locally."""
+    for g in groups:
+        lse = torch.logsumexp(torch.stack(_comm.all_gather(lse, g)), dim=0)
+    return lse
+
+
 class _ShardedCrossEntropy(torch.autograd.Function):
-    """Per-row cross-entropy of class-sharded rows: two all-reduces in forward
-    (max, then sums); the backward ``softmax - smoothed one_hot`` is local."""
+    """Cross-entropy of class-sharded rows, summed over rows (``summed``) or per
+    row. Forward: one all-gather of the local log-sum-exps, one all-reduce of the
+    target-logit term (a scalar when ``summed``). Backward: local."""
 
     @staticmethod
-    def forward(ctx, x, target, start, groups, ignore_index, eps, classes):
+    def forward(ctx, x, target, start, groups, ignore_index, eps, classes, summed):
         width = x.shape[1]
         valid = target != ignore_index
         mine = valid & (target >= start) & (target < start + width)
         idx = torch.where(mine, target - start, torch.zeros_like(target))
         if width:
-            row_max = x.detach().amax(1)
-            picked = x.gather(1, idx.unsqueeze(1)).squeeze(1) * mine
+            row_max = x.amax(1)
+            # An all -inf row (fully masked block) would give inf - inf; shifting
+            # it by 0 instead gives log(0) = -inf, the right local value.
+            row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+            lse = row_max + (x - row_max.unsqueeze(1)).exp().sum(1).log()
+            picked = torch.where(mine, x.gather(1, idx.unsqueeze(1)).squeeze(1), 0.0)
+            # Per row the loss is lse - t with t = (1-eps)*target logit +
+            # eps/classes * sum of logits: t is additive over class blocks.
+            t = (1 - eps) * picked + (eps / classes) * x.sum(1) if eps else picked
         else:  # a rank holding no classes (uneven shards)
-            row_max = x.new_full(x.shape[:1], float("-inf"))
-            picked = x.new_zeros(x.shape[:1])
-        row_max = _all_reduce(row_max, "max", groups)  # [R]
-        # The sum of logits only matters with label smoothing: without it the
-        # second all-reduce moves two rows, the least a sharded softmax needs.
-        rows = [(x - row_max.unsqueeze(1)).exp().sum(1), picked]
-        if eps:
-            rows.append(x.sum(1))
-        sums = _all_reduce(torch.stack(rows), "sum", groups)  # [2 or 3, R]
-        logz = row_max + sums[0].log()
-        loss = logz - sums[1]
-        if eps:
-            loss = (1 - eps) * loss + eps * (logz - sums[2] / classes)
-        ctx.save_for_backward(x, logz, idx, mine, valid)
+            lse = x.new_full(x.shape[:1], float("-inf"))
+            t = x.new_zeros(x.shape[:1])
+        lse = _global_logsumexp(lse, groups)  # [R]
+        if summed:
+            t = _all_reduce(torch.where(valid, t, 0.0).sum().reshape(1), groups)[0]
+            loss = torch.where(valid, lse, 0.0).sum() - t
+        else:
+            t = _all_reduce(t, groups)
+            loss = torch.where(valid, lse - t, 0.0)
+        ctx.save_for_backward(x, lse, idx, mine, valid)
         ctx.eps, ctx.classes = eps, classes
-        return loss * valid
+        return loss
 
     @staticmethod
     def backward(ctx, grad):
-        x, logz, idx, mine, valid = ctx.saved_tensors
-        g = x.sub(logz.unsqueeze(1)).exp()  # softmax, this rank's classes: [R, c]
+        x, lse, idx, mine, valid = ctx.saved_tensors
+        g = x.sub(lse.unsqueeze(1)).exp()  # softmax, this rank's classes: [R, c]
         if x.shape[1]:
             g.scatter_add_(1, idx.unsqueeze(1), -(1 - ctx.eps) * mine.to(g.dtype).unsqueeze(1))
         if ctx.eps:
             g = g - ctx.eps / ctx.classes
-        g = g * (grad * valid).unsqueeze(1)
-        return g, None, None, None, None, None, None
+        g = g * (grad * valid).unsqueeze(1)  # grad: a scalar when summed, else [R]
+        return g, None, None, None, None, None, None, None

@@ -102,6 +102,57 @@ def _partitioner(layouts: dict[str, Placement], src_data_rank: int | None, targe
     return partition
 
 
+def reduce_partial_grads(module: nn.Module) -> None:
+    """Hook ``module``'s replicated DTensor parameters so their gradients arrive
+    in the parameter's own placements rather than as partial sums.
+
+    A replicated weight applied to sharded activations (a norm on sequence
+    shards) gets a ``Partial`` gradient. Left so, every
+    optimizer op that reads it reduces it again (AdamW: three times per step);
+    reduced here, once per backward, before it is accumulated, so
+    ``p.grad`` is ``Replicate`` and accumulation over micro-batches adds
+    replicated values. A tensor hook lives on the tensor's storage object, which
+    ``to_empty``/``module.to`` swap out (``torch.utils.swap_tensors``), so each
+    eager forward re-checks it; compiled code skips the check (hooks registered
+    at ``parallelize_module`` time or by an eager forward still apply, and a
+    missing one only costs the extra reductions, never a wrong value).
+
+    Example (``SequenceParallel`` calls it; a custom style may too):
+        >>> reduce_partial_grads(norm)      # norm.weight: DTensor [Replicate()]
+        >>> norm(x_seq_shard).sum().backward()
+        >>> norm.weight.grad.placements
+        (Replicate(),)
+    """
+    if torch.compiler.is_compiling():
+        return
+    for param in module.parameters():
+        if not isinstance(param, DTensor) or not param.requires_grad:
+            continue
+        placements = param.placements
+        if not any(p.is_replicate() for p in placements) or any(p.is_partial() for p in placements):
+            continue
+        if param.__dict__.get("_dtensor_grad_hook") == param._cdata:
+            continue  # hooked, and still the same tensor underneath
+        hooks = param._backward_hooks
+        if hooks is not None and any(getattr(h, "_dtensor_reducer", False) for h in hooks.values()):
+            # Swapped: the hook dict stayed with the Python object but the new
+            # tensor underneath has no hooks; assigning the dict attaches it.
+            param._backward_hooks = hooks
+        else:
+            param.register_hook(_reducer(placements))
+        param.__dict__["_dtensor_grad_hook"] = param._cdata
+
+
+def _reducer(placements: tuple[Placement, ...]):
+    def reduce_grad(grad):
+        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+            return grad.redistribute(grad.device_mesh, placements)
+        return grad
+
+    reduce_grad._dtensor_reducer = True
+    return reduce_grad
+
+
 def _require(module: nn.Module, fqn: str, style: str, kinds: tuple[type, ...]) -> None:
     if not isinstance(module, kinds):
         names = " or ".join(f"nn.{k.__name__}" for k in kinds)
@@ -166,7 +217,10 @@ class RowwiseParallel(ParallelStyle):
     The local results are partial sums, reduced to ``output_layouts``
     (``Replicate()``: all-reduce; ``Shard(d)``: reduce-scatter). The embedding
     looks up only the ids in this rank's vocabulary range and zeroes the other
-    rows, so the table is never gathered.
+    rows, so the table is never gathered. The replicated bias's gradient is
+    already replicated (the output's gradient is replicated before the sum:
+    the backward of the reduce-scatter is an all-gather), so unlike
+    ``SequenceParallel`` nothing needs reducing after backward.
 
     Args:
         input_layouts: layout of a plain-tensor input (default ``Shard(-1)``;
@@ -224,8 +278,10 @@ class SequenceParallel(ParallelStyle):
     For modules that act on each position alone (``nn.LayerNorm``,
     ``nn.RMSNorm``, ``nn.Dropout``, an RMSNorm of your own): the input becomes
     ``Shard(sequence_dim)`` (a plain tensor is taken as this rank's block), and
-    so is the output. The replicated weights' gradients come out as partial
-    sums over the sequence shards. Dropout on a DTensor draws from dtensor's
+    so is the output. The replicated weights' gradients, partial sums over the
+    sequence shards, are all-reduced once per backward as they arrive, so
+    ``p.grad`` is ``Replicate`` (``reduce_partial_grads``; PyTorch leaves them
+    ``Partial`` and the optimizer reduces them again on every use). Dropout on a DTensor draws from dtensor's
     generator, so its mask is the single-device mask.
 
     Args:
@@ -252,13 +308,16 @@ class SequenceParallel(ParallelStyle):
         def input_fn(mod, inputs, mesh):
             if not inputs:
                 raise PlanError(f"SequenceParallel on {type(mod).__name__}: called with no inputs")
+            reduce_partial_grads(mod)
             x = as_dtensor(inputs[0], mesh, layout, f"SequenceParallel on {type(mod).__name__}")
             return (relayout(x, layout), *inputs[1:])
 
         def output_fn(mod, out, mesh):
             return finish(out, self.use_local_output)
 
-        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
+        distribute_module(module, device_mesh, partition, input_fn, output_fn)
+        reduce_partial_grads(module)
+        return module
 
     def __repr__(self) -> str:
         return (f"SequenceParallel(sequence_dim={self.sequence_dim}, "
