@@ -1,15 +1,23 @@
 """Redistribute: a pure plan of per-axis steps, then their execution.
 
-``plan(src, dst, mesh_shape)`` turns two placement tuples into a tuple of
-``Step`` values without touching the network; ``execute`` runs them on a
-local tensor through ``dtensor._comm``; ``redistribute_local`` does both for
-a block of a ``DTensorSpec``. The plan has four phases; before the first
+``plan(src, dst, mesh_shape, global_shape)`` turns two placement tuples into
+a tuple of ``Step`` values without touching the network; ``execute`` runs
+them on a local tensor through ``dtensor._comm``; ``redistribute_local``
+does both for a block of a ``DTensorSpec``. Plans are cached per (src, dst,
+mesh shape, global shape).
+
+Two candidates compete on wire bytes (``dtensor._plan_cost``): the phase
+plan below, and the cheapest ordering of the same per-axis steps found by a
+search (it may, say, gather a Partial block before reduce-scattering the
+smaller block the gather frees, or reduce-scatter a Partial axis that ends
+Replicate and gather it back after the other axes' reductions). Ties keep
+the phase plan. The phase plan has four phases; before the first
 and after every gather, replicated axes whose target shard can already be cut
 in nesting order are sliced (free, and every later collective moves less):
 
 1. reduce: every ``Partial`` axis whose target differs is all-reduced, or,
    when its target is ``Shard(d)`` and that shard can be cut right away (see
-   ``_scatter_now``), reduce-scattered: half the wire bytes of an all-reduce,
+   ``can_cut``), reduce-scattered: half the wire bytes of an all-reduce,
    and every later step moves 1/n of the data.
 2. gather: for each tensor dim, the axes that shard it in the source but are
    not part of the longest common prefix with the target are all-gathered,
@@ -33,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from dtensor import _comm
+from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
 
@@ -64,20 +73,64 @@ def _shard_order(placements: Sequence[Placement], dim: int) -> list[int]:
 
 
 def plan(
-    src: Sequence[Placement], dst: Sequence[Placement], mesh_shape: Sequence[int]
+    src: Sequence[Placement],
+    dst: Sequence[Placement],
+    mesh_shape: Sequence[int],
+    global_shape: Sequence[int] | None = None,
 ) -> tuple[Step, ...]:
     """Steps that turn layout ``src`` into ``dst`` (pure; no communication).
 
+    ``global_shape`` prices uneven shapes' padding when orderings are
+    compared; without it the plan is the cheapest for an evenly split shape.
     Axes of size 1 never need communication but are still planned, so the
     placement bookkeeping stays exact; ``execute`` skips their collectives.
     """
-    return _plan(tuple(src), tuple(dst), tuple(mesh_shape))
+    shape = None if global_shape is None else tuple(global_shape)
+    return _plan(tuple(src), tuple(dst), tuple(mesh_shape), shape)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
+def _plan(src: tuple, dst: tuple, mesh_shape: tuple, global_shape: tuple | None) -> tuple[Step, ...]:
     if src == dst:
         return ()
+    shape = global_shape if global_shape is not None else even_shape(src, dst, mesh_shape)
+    ordered = _phase_plan(src, dst)
+    # NOTE: no fixed ordering is cheapest everywhere: reducing a Partial axis
+    # after the gathers lets it reduce-scatter a smaller block, but with two
+    # gathers in between it moves more. So the phase plan competes with the
+    # cheapest ordering the executor supports, and keeps ties (its orderings
+    # are the documented, tested ones).
+    ops = {s.reduce_op for s, d in zip(src, dst, strict=True)
+           if isinstance(s, Partial) and s != d}
+    target = tuple(Replicate() if isinstance(d, Partial) and s != d else d
+                   for s, d in zip(src, dst, strict=True))
+    moves = cheapest_moves(src, target, mesh_shape, shape,
+                           in_axis_order=not (ops <= {"sum", "avg"} or len(ops) == 1))
+    if moves is None:
+        return ordered
+    cheapest = _replay(src, dst, moves)
+    if plan_cost(cheapest, mesh_shape, shape) < plan_cost(ordered, mesh_shape, shape) - 1e-9:
+        return cheapest
+    return ordered
+
+
+def _replay(src: tuple, dst: tuple, moves) -> tuple[Step, ...]:
+    """Steps for ``moves``, then Replicate -> Partial where ``dst`` asks for it."""
+    cur = list(src)
+    steps = []
+    for axis, kind, new in moves:
+        steps.append(Step(axis, kind, cur[axis], new, tuple(cur)))
+        cur[axis] = new
+    for axis, d in enumerate(dst):
+        if isinstance(d, Partial) and cur[axis] != d:
+            steps.append(Step(axis, "to_partial", cur[axis], d, tuple(cur)))
+            cur[axis] = d
+    assert tuple(cur) == dst, (src, dst, cur)
+    return tuple(steps)
+
+
+def _phase_plan(src: tuple, dst: tuple) -> tuple[Step, ...]:
+    """The four-phase plan of the module docstring."""
     cur = list(src)
     steps: list[Step] = []
 
@@ -90,7 +143,7 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
         # axis takes its target shard as soon as the nesting allows it.
         for axis, d in enumerate(dst):
             if cur[axis] == Replicate() and isinstance(d, Shard):
-                if _scatter_now(cur, dst, axis, d.dim):
+                if can_cut(cur, dst, axis, d.dim):
                     emit(axis, "slice", d)
 
     # 0. slice what can be cut before anything moves.
@@ -105,14 +158,14 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
     if ops <= {"sum", "avg"} or len(ops) == 1:
         for axis in pending:
             d = dst[axis]
-            if isinstance(d, Shard) and _scatter_now(cur, dst, axis, d.dim):
+            if isinstance(d, Shard) and can_cut(cur, dst, axis, d.dim):
                 emit(axis, "reduce_scatter", d)
         slice_early()
     for axis in pending:
         d = dst[axis]
         if cur[axis] != src[axis]:
             continue  # reduce-scattered above
-        if isinstance(d, Shard) and _scatter_now(cur, dst, axis, d.dim):
+        if isinstance(d, Shard) and can_cut(cur, dst, axis, d.dim):
             emit(axis, "reduce_scatter", d)
         else:
             emit(axis, "reduce", Replicate())
@@ -144,26 +197,6 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple) -> tuple[Step, ...]:
 
     assert tuple(cur) == dst, (src, dst, cur)
     return tuple(steps)
-
-
-def _scatter_now(cur: list, dst: tuple, axis: int, dim: int) -> bool:
-    """Whether ``axis`` can take its target ``Shard(dim)`` now (slice or reduce-scatter).
-
-    Nested shards split ``dim`` outer axis first, so cutting ``axis``'s piece
-    now is only the final layout when the axes already sharding ``dim`` before
-    it are exactly the target's (they stay put: the gather phase keeps the
-    common prefix) and no axis after it shards ``dim`` yet (its piece would be
-    cut from the wrong block). Otherwise the plan falls back to all-reduce
-    then slice. Mixed reduce ops keep their axis-order reduction: the earlier
-    cut commutes with the later reductions, which act elementwise.
-    """
-    for a, p in enumerate(cur):
-        on_dim = isinstance(p, Shard) and p.dim == dim
-        if a < axis and on_dim != (dst[a] == Shard(dim)):
-            return False
-        if a > axis and on_dim:
-            return False
-    return True
 
 
 def execute(
@@ -211,7 +244,7 @@ def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) 
     mesh = src.mesh
     if mesh.get_coordinate() is None:
         return local if src.placements == dst.placements else empty_local(dst, local.device)
-    steps = plan(src.placements, dst.placements, mesh.shape)
+    steps = plan(src.placements, dst.placements, mesh.shape, src.shape)
     if not steps:
         return local
     return execute(local, steps, src.shape, mesh)

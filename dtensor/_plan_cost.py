@@ -1,0 +1,170 @@
+"""What a redistribute step costs on the wire, and the cheapest sequence of steps.
+
+Pure layout math for ``dtensor.redistribute``: no tensors, no communication.
+
+Cost model: elements one rank receives under ring algorithms, for the block
+held at mesh coordinate 0, which is the largest block at every nesting level
+(``torch.chunk`` pieces are ``ceil``-sized, trailing ones shorter), hence what
+a padded collective moves. It mirrors what ``redistribute.execute`` sends:
+
+- ``reduce`` (all-reduce of the block): ``2 (n-1)/n * numel``;
+- ``reduce_scatter``: the cut dim is padded to ``n * ceil(len / n)``, then
+  ``(n-1)/n`` of that buffer;
+- ``gather``: every rank contributes the (padded) piece rank 0 holds:
+  ``(n-1) * numel``;
+- ``slice`` and ``to_partial`` are local: 0. Axes of size 1 cost 0.
+
+``cheapest_moves`` searches the orderings of the moves the executor
+supports (Dijkstra over placement states); the planner compares its answer
+with its fixed phase ordering and keeps the cheaper (see
+``redistribute._plan``). Example, 2x2 mesh, 8x8 tensor::
+
+    >>> cheapest_moves((Partial(), Shard(0)), (Shard(0), Shard(1)), (2, 2), (8, 8), False)
+    ((1, 'gather', Replicate()), (1, 'slice', Shard(dim=1)),
+     (0, 'reduce_scatter', Shard(dim=0)))
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Sequence
+
+from dtensor.placement import Partial, Placement, Replicate, Shard
+
+__all__ = ["can_cut", "cheapest_moves", "even_shape", "move_cost", "plan_cost"]
+
+Move = tuple[int, str, Placement]  # (mesh axis, step kind, placement after)
+
+
+def can_cut(cur: Sequence[Placement], dst: Sequence[Placement], axis: int, dim: int) -> bool:
+    """Whether ``axis`` can take its target ``Shard(dim)`` now (slice or reduce-scatter).
+
+    Nested shards split ``dim`` outer axis first, so cutting ``axis``'s piece
+    now is only the final layout when the axes already sharding ``dim`` before
+    it are exactly the target's (they stay put) and no axis after it shards
+    ``dim`` yet (its piece would be cut from the wrong block).
+    """
+    for a, p in enumerate(cur):
+        on_dim = isinstance(p, Shard) and p.dim == dim
+        if a < axis and on_dim != (dst[a] == Shard(dim)):
+            return False
+        if a > axis and on_dim:
+            return False
+    return True
+
+
+def even_shape(
+    src: Sequence[Placement], dst: Sequence[Placement], mesh_shape: Sequence[int]
+) -> tuple[int, ...]:
+    """A global shape every nesting of ``mesh_shape`` splits evenly.
+
+    Used when the planner is not told the shape: on even shapes every block
+    is ``numel / (product of its shard axes)``, so the costs of two plans
+    compare the same way for every even shape.
+    """
+    dims = [p.dim for p in (*src, *dst) if isinstance(p, Shard)]
+    return (math.prod(mesh_shape),) * (max(dims, default=0) + 1)
+
+
+def _block(global_shape: Sequence[int], mesh_shape: Sequence[int], state) -> list[int]:
+    """Shape of coordinate 0's block: ceil pieces, outer axis first."""
+    block = list(global_shape)
+    for axis, p in enumerate(state):
+        if isinstance(p, Shard):
+            block[p.dim] = -(-block[p.dim] // mesh_shape[axis])
+    return block
+
+
+def move_cost(
+    before: Sequence[Placement],
+    axis: int,
+    kind: str,
+    new: Placement,
+    mesh_shape: Sequence[int],
+    global_shape: Sequence[int],
+) -> float:
+    """Elements coordinate 0 receives for one step (see the module docstring)."""
+    n = mesh_shape[axis]
+    if n == 1 or kind in ("slice", "to_partial"):
+        return 0.0
+    block = _block(global_shape, mesh_shape, before)
+    numel = math.prod(block)
+    if kind == "reduce":
+        return 2 * (n - 1) / n * numel
+    if kind == "gather":
+        return float((n - 1) * numel)
+    if kind == "reduce_scatter":
+        length = block[new.dim]
+        if length == 0:
+            return 0.0
+        return (n - 1) * -(-length // n) * (numel // length)
+    raise AssertionError(kind)
+
+
+def plan_cost(steps, mesh_shape: Sequence[int], global_shape: Sequence[int]) -> float:
+    """Total ``move_cost`` of ``redistribute.Step`` values, in elements."""
+    return sum(
+        move_cost(s.before, s.axis, s.kind, s.dst, mesh_shape, global_shape) for s in steps
+    )
+
+
+def _moves(cur: tuple, target: tuple, pending: frozenset, in_axis_order: bool, ndim: int):
+    """Every single step the executor can run from ``cur`` toward ``target``."""
+    for axis, p in enumerate(cur):
+        t = target[axis]
+        if isinstance(p, Shard):
+            # Only the innermost shard of a dim can be gathered in place.
+            if all(q != p for q in cur[axis + 1:]):
+                yield axis, "gather", Replicate()
+        elif isinstance(p, Replicate):
+            if isinstance(t, Shard) and can_cut(cur, target, axis, t.dim):
+                yield axis, "slice", t
+        elif axis in pending:
+            if in_axis_order and any(isinstance(cur[a], Partial) for a in pending if a < axis):
+                continue  # non-commuting reductions run in axis order
+            yield axis, "reduce", Replicate()
+            for dim in range(ndim):
+                # Any dim no inner axis shards can be cut, target or not: a
+                # reduce-scatter then a gather move what one all-reduce does,
+                # and every step in between moves 1/n of the data.
+                if all(q != Shard(dim) for q in cur[axis + 1:]):
+                    yield axis, "reduce_scatter", Shard(dim)
+
+
+def cheapest_moves(
+    src: tuple,
+    target: tuple,
+    mesh_shape: tuple,
+    global_shape: tuple,
+    in_axis_order: bool,
+) -> tuple[Move, ...] | None:
+    """Cheapest sequence of moves from ``src`` to ``target`` (None if unreachable).
+
+    ``target`` holds no ``Partial`` other than those ``src`` keeps unchanged
+    (the planner turns Replicate into Partial afterwards, for free).
+    Partial axes of ``src`` that differ from ``target`` are reduced once each;
+    ``in_axis_order`` forces those reductions into axis order (mixed reduce
+    ops do not commute). Ties go to the path found first, fewer steps first.
+    """
+    pending = frozenset(
+        a for a, (s, t) in enumerate(zip(src, target, strict=True))
+        if isinstance(s, Partial) and s != t
+    )
+    tie = itertools.count()
+    best = {src: 0.0}
+    heap: list = [(0.0, 0, next(tie), src, ())]
+    while heap:
+        cost, _, _, cur, path = heapq.heappop(heap)
+        if cur == target:
+            return path
+        if cost > best[cur]:
+            continue
+        for axis, kind, new in _moves(cur, target, pending, in_axis_order, len(global_shape)):
+            nxt = (*cur[:axis], new, *cur[axis + 1:])
+            c = cost + move_cost(cur, axis, kind, new, mesh_shape, global_shape)
+            if c < best.get(nxt, math.inf):
+                best[nxt] = c
+                heapq.heappush(heap, (c, len(path) + 1, next(tie), nxt, (*path, (axis, kind, new))))
+    return None
