@@ -55,7 +55,8 @@ def lower_bound(cfg, n: int, kind: str) -> list[tuple[str, str, str, int, int]]:
     weights' gradients are one all-reduce each. ``tp``: one all-reduce per
     rowwise layer forward and one per replicated input of a colwise group
     backward (wq/wk/wv share theirs, so do w1/w3). The loss needs each
-    token's per-rank log-sum-exp (an all-gather of N floats) and one scalar.
+    token's per-rank log-sum-exp (an all-gather of N floats; past 4 ranks a
+    max and a sum all-reduce of N move less) and one scalar.
     """
     B = cfg.batch * cfg.seq * cfg.dim * 4
     L = cfg.n_layers
@@ -78,10 +79,13 @@ def lower_bound(cfg, n: int, kind: str) -> list[tuple[str, str, str, int, int]]:
             ("fwd", "wo/w2 output P->R", "all_reduce", 2 * L, B),
             ("bwd", "attention/feed_forward/output input grad P->R", "all_reduce", 2 * L + 1, B),
         ]
-    terms += [
-        ("fwd", "loss: per-token log-sum-exp", "all_gather", 1, n * N * 4),
-        ("fwd", "loss: sum of target logits", "all_reduce", 1, 4),
-    ]
+    # Ring model: a gather of the per-rank log-sum-exps receives (n-1)*N floats;
+    # a max then a sum all-reduce 4(n-1)/n*N: the gather is no worse up to 4 ranks.
+    if n <= 4:
+        terms.append(("fwd", "loss: per-token log-sum-exp", "all_gather", 1, n * N * 4))
+    else:
+        terms.append(("fwd", "loss: per-token max, sum of exps", "all_reduce", 2, N * 4))
+    terms.append(("fwd", "loss: sum of target logits", "all_reduce", 1, 4))
     return terms
 
 

@@ -459,6 +459,31 @@ def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes
     torch.testing.assert_close(dx.grad.full_tensor(), ref.grad, **TOL)
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kw", [{}, {"reduction": "none", "label_smoothing": 0.1}])
+def test_loss_parallel_over_many_ranks_all_reduces_max_and_sum(world, monkeypatch, kw) -> None:
+    """Past GATHER_MAX_RANKS the gather costs more than a max and a sum
+    all-reduce of N floats; forced here at 2 ranks (the rule is per group size)."""
+    import dtensor.parallel.loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "GATHER_MAX_RANKS", 1)
+    mesh = _mesh(2)
+    x, y = _logits(classes=9)
+    x[2, :5] = float("-inf")  # rank 0's whole block
+    ref = x.clone().requires_grad_()
+    want = F.cross_entropy(ref, y, **kw)
+    dx = distribute_tensor(x.clone(), mesh, [Shard(1)]).requires_grad_()
+    with CommCounter() as c, loss_parallel():
+        loss = F.cross_entropy(dx, y, **kw)
+    target_term = x.shape[0] if kw.get("reduction") == "none" else 1
+    assert c.counts == {"all_reduce": 3}
+    assert c.bytes == {"all_reduce": (2 * x.shape[0] + target_term) * 4}
+    torch.testing.assert_close(loss.full_tensor(), want, **TOL)
+    loss.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(dx.grad.full_tensor(), ref.grad, **TOL)
+
+
 @WORLDS
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_loss_parallel_large_and_masked_logits(world, n, reduction) -> None:
