@@ -37,6 +37,26 @@ __all__ = ["can_cut", "cheapest_moves", "even_shape", "move_cost", "plan_cost"]
 
 Move = tuple[int, str, Placement]  # (mesh axis, step kind, placement after)
 
+# The search runs on placement codes (hashing dataclasses dominated it): a
+# shard is its dim, Replicate is _R, any Partial is _P (reductions take their
+# op from the source placement when the steps are built).
+_R, _P = -1, -2
+
+
+def _code(p: Placement) -> int:
+    if isinstance(p, Shard):
+        return p.dim
+    return _R if isinstance(p, Replicate) else _P
+
+
+def _cut_ok(cur: Sequence[int], dst: Sequence[int], axis: int, dim: int) -> bool:
+    for a, p in enumerate(cur):
+        if a < axis and (p == dim) != (dst[a] == dim):
+            return False
+        if a > axis and p == dim:
+            return False
+    return True
+
 
 def can_cut(cur: Sequence[Placement], dst: Sequence[Placement], axis: int, dim: int) -> bool:
     """Whether ``axis`` can take its target ``Shard(dim)`` now (slice or reduce-scatter).
@@ -46,13 +66,7 @@ def can_cut(cur: Sequence[Placement], dst: Sequence[Placement], axis: int, dim: 
     it are exactly the target's (they stay put) and no axis after it shards
     ``dim`` yet (its piece would be cut from the wrong block).
     """
-    for a, p in enumerate(cur):
-        on_dim = isinstance(p, Shard) and p.dim == dim
-        if a < axis and on_dim != (dst[a] == Shard(dim)):
-            return False
-        if a > axis and on_dim:
-            return False
-    return True
+    return _cut_ok([_code(p) for p in cur], [_code(p) for p in dst], axis, dim)
 
 
 def even_shape(
@@ -68,13 +82,26 @@ def even_shape(
     return (math.prod(mesh_shape),) * (max(dims, default=0) + 1)
 
 
-def _block(global_shape: Sequence[int], mesh_shape: Sequence[int], state) -> list[int]:
+def _block(global_shape: Sequence[int], mesh_shape: Sequence[int], codes) -> list[int]:
     """Shape of coordinate 0's block: ceil pieces, outer axis first."""
     block = list(global_shape)
-    for axis, p in enumerate(state):
-        if isinstance(p, Shard):
-            block[p.dim] = -(-block[p.dim] // mesh_shape[axis])
+    for axis, d in enumerate(codes):
+        if d >= 0:
+            block[d] = -(-block[d] // mesh_shape[axis])
     return block
+
+
+def _cost(block: list[int], numel: int, n: int, kind: str, dim: int) -> float:
+    if n == 1 or kind in ("slice", "to_partial"):
+        return 0.0
+    if kind == "reduce":
+        return 2 * (n - 1) / n * numel
+    if kind == "gather":
+        return float((n - 1) * numel)
+    if kind == "reduce_scatter":
+        length = block[dim]
+        return 0.0 if length == 0 else float((n - 1) * -(-length // n) * (numel // length))
+    raise AssertionError(kind)
 
 
 def move_cost(
@@ -86,21 +113,8 @@ def move_cost(
     global_shape: Sequence[int],
 ) -> float:
     """Elements coordinate 0 receives for one step (see the module docstring)."""
-    n = mesh_shape[axis]
-    if n == 1 or kind in ("slice", "to_partial"):
-        return 0.0
-    block = _block(global_shape, mesh_shape, before)
-    numel = math.prod(block)
-    if kind == "reduce":
-        return 2 * (n - 1) / n * numel
-    if kind == "gather":
-        return float((n - 1) * numel)
-    if kind == "reduce_scatter":
-        length = block[new.dim]
-        if length == 0:
-            return 0.0
-        return (n - 1) * -(-length // n) * (numel // length)
-    raise AssertionError(kind)
+    block = _block(global_shape, mesh_shape, [_code(p) for p in before])
+    return _cost(block, math.prod(block), mesh_shape[axis], kind, _code(new))
 
 
 def plan_cost(steps, mesh_shape: Sequence[int], global_shape: Sequence[int]) -> float:
@@ -114,23 +128,24 @@ def _moves(cur: tuple, target: tuple, pending: frozenset, in_axis_order: bool, n
     """Every single step the executor can run from ``cur`` toward ``target``."""
     for axis, p in enumerate(cur):
         t = target[axis]
-        if isinstance(p, Shard):
+        inner = cur[axis + 1:]
+        if p >= 0:
             # Only the innermost shard of a dim can be gathered in place.
-            if all(q != p for q in cur[axis + 1:]):
-                yield axis, "gather", Replicate()
-        elif isinstance(p, Replicate):
-            if isinstance(t, Shard) and can_cut(cur, target, axis, t.dim):
+            if p not in inner:
+                yield axis, "gather", _R
+        elif p == _R:
+            if t >= 0 and _cut_ok(cur, target, axis, t):
                 yield axis, "slice", t
         elif axis in pending:
-            if in_axis_order and any(isinstance(cur[a], Partial) for a in pending if a < axis):
+            if in_axis_order and any(cur[a] == _P for a in pending if a < axis):
                 continue  # non-commuting reductions run in axis order
-            yield axis, "reduce", Replicate()
+            yield axis, "reduce", _R
             for dim in range(ndim):
                 # Any dim no inner axis shards can be cut, target or not: a
                 # reduce-scatter then a gather move what one all-reduce does,
                 # and every step in between moves 1/n of the data.
-                if all(q != Shard(dim) for q in cur[axis + 1:]):
-                    yield axis, "reduce_scatter", Shard(dim)
+                if dim not in inner:
+                    yield axis, "reduce_scatter", dim
 
 
 def cheapest_moves(
@@ -139,8 +154,12 @@ def cheapest_moves(
     mesh_shape: tuple,
     global_shape: tuple,
     in_axis_order: bool,
+    budget: float = math.inf,
 ) -> tuple[Move, ...] | None:
-    """Cheapest sequence of moves from ``src`` to ``target`` (None if unreachable).
+    """Cheapest sequence of moves from ``src`` to ``target`` costing under ``budget``.
+
+    None when no such sequence exists. The budget (what the caller already
+    has) prunes the search: a plan whose phase order is free explores nothing.
 
     ``target`` holds no ``Partial`` other than those ``src`` keeps unchanged
     (the planner turns Replicate into Partial afterwards, for free).
@@ -148,23 +167,29 @@ def cheapest_moves(
     ``in_axis_order`` forces those reductions into axis order (mixed reduce
     ops do not commute). Ties go to the path found first, fewer steps first.
     """
+    if budget <= 0:
+        return None
     pending = frozenset(
         a for a, (s, t) in enumerate(zip(src, target, strict=True))
         if isinstance(s, Partial) and s != t
     )
+    start, goal = tuple(map(_code, src)), tuple(map(_code, target))
+    ndim = len(global_shape)
     tie = itertools.count()
-    best = {src: 0.0}
-    heap: list = [(0.0, 0, next(tie), src, ())]
+    best = {start: 0.0}
+    heap: list = [(0.0, 0, next(tie), start, ())]
     while heap:
         cost, _, _, cur, path = heapq.heappop(heap)
-        if cur == target:
-            return path
+        if cur == goal:
+            return tuple((a, k, Replicate() if c == _R else Shard(c)) for a, k, c in path)
         if cost > best[cur]:
             continue
-        for axis, kind, new in _moves(cur, target, pending, in_axis_order, len(global_shape)):
+        block = _block(global_shape, mesh_shape, cur)
+        numel = math.prod(block)
+        for axis, kind, new in _moves(cur, goal, pending, in_axis_order, ndim):
             nxt = (*cur[:axis], new, *cur[axis + 1:])
-            c = cost + move_cost(cur, axis, kind, new, mesh_shape, global_shape)
-            if c < best.get(nxt, math.inf):
+            c = cost + _cost(block, numel, mesh_shape[axis], kind, new)
+            if c < budget and c < best.get(nxt, math.inf):
                 best[nxt] = c
                 heapq.heappush(heap, (c, len(path) + 1, next(tie), nxt, (*path, (axis, kind, new))))
     return None

@@ -105,13 +105,9 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple, global_shape: tuple | None)
     target = tuple(Replicate() if isinstance(d, Partial) and s != d else d
                    for s, d in zip(src, dst, strict=True))
     moves = cheapest_moves(src, target, mesh_shape, shape,
-                           in_axis_order=not (ops <= {"sum", "avg"} or len(ops) == 1))
-    if moves is None:
-        return ordered
-    cheapest = _replay(src, dst, moves)
-    if plan_cost(cheapest, mesh_shape, shape) < plan_cost(ordered, mesh_shape, shape) - 1e-9:
-        return cheapest
-    return ordered
+                           in_axis_order=not (ops <= {"sum", "avg"} or len(ops) == 1),
+                           budget=plan_cost(ordered, mesh_shape, shape) - 1e-9)
+    return ordered if moves is None else _replay(src, dst, moves)
 
 
 def _replay(src: tuple, dst: tuple, moves) -> tuple[Step, ...]:
