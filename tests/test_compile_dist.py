@@ -1,8 +1,9 @@
 """Covers: dtensor/_compile.py (torch.compile of DTensor programs) on a 2-rank
 Gloo world: compiled results equal eager ones for local ops, the ways in and
 out (``from_local``, ``redistribute``, ``to_local``, ``full_tensor``), a
-training step and random ops, with ``fullgraph=True``; recompiles happen
-exactly when a mesh or placements change.
+training step, a tensor-parallel block (its styles' hooks traced into one
+graph) and random ops, with ``fullgraph=True``; recompiles happen exactly when
+a mesh or placements change.
 
 Compiles are slow on two cores: shapes are tiny and each compiled function is
 built once and called several times.
@@ -10,6 +11,7 @@ built once and called several times.
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
@@ -221,6 +223,51 @@ def test_gradient_in_another_layout_reaches_the_compiled_backward(world) -> None
         out.backward(grad)  # Replicate, not the Shard(0) the backward was traced with
         grads.append(leaf.grad)
     _assert_same(grads[1], grads[0])
+
+
+# Parallel styles: their module hooks trace into the compiled graph ------------------------
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.ffn = torch.nn.ModuleDict({"w1": torch.nn.Linear(8, 16), "w2": torch.nn.Linear(16, 8)})
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.ffn["w2"](torch.relu(self.ffn["w1"](h)))
+
+
+@W2
+def test_parallelized_block_compiles_as_one_graph_and_trains_like_eager(world) -> None:
+    from dtensor import parallel as tp
+
+    mesh = _mesh()
+    torch.manual_seed(0)
+    base = _Block()
+    plan = {
+        "norm": tp.SequenceParallel(),
+        "ffn": tp.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "ffn.w1": tp.ColwiseParallel(),
+        "ffn.w2": tp.RowwiseParallel(output_layouts=Shard(1)),
+    }
+    blocks = [tp.parallelize_module(copy.deepcopy(base), mesh, plan) for _ in range(2)]
+    cnt = CompileCounterWithBackend("aot_eager")
+    # fullgraph: a hook that Dynamo skipped would raise here instead of splitting the graph
+    compiled = torch.compile(blocks[1], backend=cnt, fullgraph=True)
+    g = torch.Generator().manual_seed(world.rank)
+    for _ in range(2):
+        x = torch.randn(2, 3, 8, generator=g)  # this rank's sequence shard
+        outs = []
+        for fn in (blocks[0], compiled):
+            out = fn(x)
+            out.square().sum().backward()
+            outs.append(out)
+        _assert_same(outs[1], outs[0])
+        for (name, p0), p1 in zip(blocks[0].named_parameters(), blocks[1].parameters(), strict=True):
+            assert p1.grad is not None, name
+            _assert_same(p1.grad, p0.grad)
+            p0.grad = p1.grad = None
+    assert cnt.frame_count == 1
 
 
 # Random ops ----------------------------------------------------------------------------

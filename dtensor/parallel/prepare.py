@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from dtensor._compile import traced_hook
 from dtensor.mesh import DeviceMesh
 from dtensor.parallel.errors import PlanError
 from dtensor.parallel.style import ParallelStyle, as_dtensor, finish, relayout
@@ -125,7 +126,7 @@ class PrepareModuleInput(ParallelStyle):
             return (self._prepare_args(mod, args, device_mesh),
                     self._prepare_kwargs(mod, kwargs, device_mesh))
 
-        module.register_forward_pre_hook(hook, with_kwargs=True)
+        module.register_forward_pre_hook(traced_hook(hook), with_kwargs=True)
         return module
 
     def __repr__(self) -> str:
@@ -177,7 +178,7 @@ class PrepareModuleOutput(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module.register_forward_hook(
-            lambda mod, inputs, outputs: self._prepare_outputs(mod, outputs, device_mesh)
+            traced_hook(lambda mod, inputs, outputs: self._prepare_outputs(mod, outputs, device_mesh))
         )
         return module
 
