@@ -1,8 +1,10 @@
-"""Covers: dtensor/redistribute.py plan() (pure, no process group).
+"""Covers: dtensor/redistribute.py plan(), dtensor/_plan_cost.py (pure, no process group).
 
-The plan is checked by simulating it on index tensors: every step is applied
-to every coordinate's block with the pure layout math, and the result must be
-each coordinate's block of the target layout.
+Plans are checked three ways: the placement bookkeeping of every step is
+valid; simulating the steps' collectives on every mesh coordinate's block
+(2x2x2 and uneven shapes included, which the Gloo tests cannot reach) gives
+each coordinate's block of the target; and no plan moves more wire bytes
+than the phase plan or a naive reduce-gather-slice plan.
 """
 
 from __future__ import annotations
@@ -207,8 +209,7 @@ def _naive_plan(src, dst, mesh_shape):
     return steps
 
 
-COST_CASES = [((2, 2), (8, 8)), ((2, 2), (7, 5)), ((3, 2), (7, 5)), ((2, 2, 2), (8, 8)),
-              ((2, 2, 2), (7, 5)), ((2, 1, 3), (5, 4))]
+COST_CASES = [((2, 2), (8, 8)), ((2, 2), (7, 5)), ((3, 2), (7, 5)), ((2, 2, 2), (7, 5))]
 
 
 @pytest.mark.parametrize(("mesh_shape", "shape"), COST_CASES, ids=str)
