@@ -107,15 +107,17 @@ def reduce_partial_grads(module: nn.Module) -> None:
     in the parameter's own placements rather than as partial sums.
 
     A replicated weight applied to sharded activations (a norm on sequence
-    shards) gets a ``Partial`` gradient. Left so, every
-    optimizer op that reads it reduces it again (AdamW: three times per step);
-    reduced here, once per backward, before it is accumulated, so
-    ``p.grad`` is ``Replicate`` and accumulation over micro-batches adds
-    replicated values. A tensor hook lives on the tensor's storage object, which
-    ``to_empty``/``module.to`` swap out (``torch.utils.swap_tensors``), so each
-    eager forward re-checks it; compiled code skips the check (hooks registered
-    at ``parallelize_module`` time or by an eager forward still apply, and a
-    missing one only costs the extra reductions, never a wrong value).
+    shards) gets a ``Partial`` gradient. Left so, every optimizer op that
+    reads it reduces it again (AdamW: three times per step); reduced here,
+    once per backward, before it is accumulated, so ``p.grad`` is
+    ``Replicate`` and accumulation over micro-batches adds replicated values
+    (one all-reduce per micro-batch). A tensor hook lives on the tensor under
+    the Python object, which ``to_empty``/``module.to`` swap
+    (``torch.utils.swap_tensors``), and ``copy.deepcopy`` makes new
+    parameters without hooks, so each eager forward re-checks; compiled code
+    skips the check (hooks registered at ``parallelize_module`` time or by an
+    eager forward still apply, and a missing one costs the optimizer's extra
+    reductions, never a wrong value).
 
     Example (``SequenceParallel`` calls it; a custom style may too):
         >>> reduce_partial_grads(norm)      # norm.weight: DTensor [Replicate()]
@@ -136,7 +138,8 @@ def reduce_partial_grads(module: nn.Module) -> None:
         hooks = param._backward_hooks
         if hooks is not None and any(getattr(h, "_dtensor_reducer", False) for h in hooks.values()):
             # Swapped: the hook dict stayed with the Python object but the new
-            # tensor underneath has no hooks; assigning the dict attaches it.
+            # tensor underneath has no hooks; assigning the dict attaches it
+            # (with any other hooks in it, which the swap had detached too).
             param._backward_hooks = hooks
         else:
             param.register_hook(_reducer(placements))
@@ -281,8 +284,9 @@ class SequenceParallel(ParallelStyle):
     so is the output. The replicated weights' gradients, partial sums over the
     sequence shards, are all-reduced once per backward as they arrive, so
     ``p.grad`` is ``Replicate`` (``reduce_partial_grads``; PyTorch leaves them
-    ``Partial`` and the optimizer reduces them again on every use). Dropout on a DTensor draws from dtensor's
-    generator, so its mask is the single-device mask.
+    ``Partial`` and the optimizer reduces them again on every use). Dropout
+    on a DTensor draws from dtensor's generator, so its mask is the
+    single-device mask.
 
     Args:
         sequence_dim: the sequence dim of the input (default 1).
