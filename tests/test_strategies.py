@@ -204,3 +204,21 @@ def test_database_mirror_replays_rank_zero_reads_in_order():
     assert list(one.fetch(b"nothing")) == []
     one.save(b"k", b"\x03")  # other ranks never write
     assert list(real.fetch(b"k")) == [b"\x01\x02"]
+
+
+@pytest.mark.world_size(1)
+def test_cached_meshes_are_per_world(monkeypatch):
+    # Under a test service that swaps sub-worlds in, one layout names other
+    # process groups in each world: a mesh cached in one must never be handed
+    # out in another (it did: a 2-rank sub-world's group reached a 4-rank one).
+    from dtensor import _comm
+    from dtensor.testing import MeshLayout, get_impl
+
+    layout = MeshLayout((1,), (0,))
+    impl = get_impl("dtensor")
+    first = impl.mesh(layout)
+    assert impl.mesh(layout) is first and layout.build() is layout.build()
+    built = layout.build()
+    monkeypatch.setattr(_comm, "world_tag", lambda: "another-world.1")
+    assert impl.mesh(layout) is not first
+    assert layout.build() is not built

@@ -81,7 +81,7 @@ class Impl:
 
                 pytest.skip(f"{self.name}: DeviceMesh construction is collective over "
                             f"the whole world ({world} ranks); cannot build {layout}")
-        return _mesh(self.name, layout)
+        return _mesh(self.name, layout, _world_key())
 
     def from_blocks(self, x: torch.Tensor, mesh: Any, ps: Sequence[Placement], *,
                     exact: bool | None = None) -> Any:
@@ -180,8 +180,17 @@ def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool) -> t
     raise ValueError(f"partial_piece: unknown reduce op {op!r}")
 
 
+def _world_key() -> str:
+    # A mesh holds the process groups of the world it was built in; under a
+    # test service that swaps sub-worlds in (launch/subworld.py) the same
+    # layout names different groups in each world, so the cache is per world.
+    from dtensor import _comm
+
+    return _comm.world_tag()
+
+
 @functools.lru_cache(maxsize=256)
-def _mesh(name: str, layout) -> Any:
+def _mesh(name: str, layout, world: str) -> Any:
     impl = get_impl(name)
     return impl.DeviceMesh("cpu", layout.grid())
 

@@ -81,8 +81,15 @@ class MeshLayout:
         p.text(repr(self))
 
 
-@functools.lru_cache(maxsize=256)
 def _dtensor_mesh(layout: MeshLayout):
+    from dtensor import _comm
+
+    # Per world: the same layout names other groups in another (sub-)world.
+    return _dtensor_mesh_in(layout, _comm.world_tag())
+
+
+@functools.lru_cache(maxsize=256)
+def _dtensor_mesh_in(layout: MeshLayout, world: str):
     from dtensor.mesh import DeviceMesh
 
     return DeviceMesh("cpu", layout.grid())
