@@ -14,7 +14,9 @@ rotary is local elementwise work that neither runtime communicates for.
   rowwise wo/w2 reduce-scattered back to sequence shards, colwise output
   kept class-sharded for ``loss_parallel``.
 - ``"tp"``: plain Megatron — replicated embedding and norms, colwise/rowwise
-  pairs with replicated activations in between, class-sharded output.
+  pairs with replicated activations in between (each colwise group takes one
+  replicated DTensor input, so its input gradient is reduced once),
+  class-sharded output.
 """
 
 from __future__ import annotations
@@ -114,7 +116,14 @@ def plan(lib, kind: str = "sp") -> dict:
     par = lib.parallel
     R, S = lib.Replicate, lib.Shard
     if kind == "tp":
+        # One replicated DTensor input per colwise group: wq/wk/wv (and w1/w3)
+        # then add their Partial input gradients up as one tensor, reduced
+        # once at the group's boundary instead of once per linear.
+        share_in = par.PrepareModuleInput(input_layouts=(R(),), desired_input_layouts=(R(),),
+                                          use_local_output=False)
         return {
+            "layers.*.attention": share_in,
+            "layers.*.feed_forward": share_in,
             "layers.*.attention.wq": par.ColwiseParallel(),
             "layers.*.attention.wk": par.ColwiseParallel(),
             "layers.*.attention.wv": par.ColwiseParallel(),
