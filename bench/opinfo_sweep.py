@@ -44,12 +44,12 @@ def _worker(args) -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=RANK_VERDICT_TIMEOUT))
     rank = dist.get_rank()
     store = dist.distributed_c10d._get_default_store()
-    from torch.testing._internal.common_methods_invocations import op_db
-    from torch.utils._pytree import tree_flatten, tree_map
-
-    import dtensor as ours
     from torch.distributed import tensor as theirs
     from torch.distributed.device_mesh import DeviceMesh as TorchMesh
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._pytree import tree_flatten
+
+    import dtensor as ours
 
     meshes = {
         "ours": ours.DeviceMesh("cpu", [0, 1]),
@@ -96,7 +96,7 @@ def _worker(args) -> int:
             return (
                 isinstance(got, (list, tuple))
                 and len(got) == len(want)
-                and all(same(g, w) for g, w in zip(got, want))
+                and all(same(g, w) for g, w in zip(got, want, strict=True))
             )
         if isinstance(want, float) and isinstance(got, float):
             return got == want or abs(got - want) <= 1e-4 * max(1.0, abs(want)) or (
@@ -111,7 +111,7 @@ def _worker(args) -> int:
         record = {"index": index, "op": _name(op)}
         try:
             samples = _samples(op, args.max_samples, torch)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             samples, record["skip"] = [], f"no samples: {type(e).__name__}"
         if any(_is_random(op, s, torch) for s in samples):
             samples, record["skip"] = [], "random"
@@ -123,7 +123,7 @@ def _worker(args) -> int:
                 continue
             try:
                 want = _call(op, sample, lambda t: t.clone())
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             dims = max(t.ndim for t in leaves)
             cases.append((sample, want, [None, *range(dims)]))
@@ -146,7 +146,7 @@ def _worker(args) -> int:
                             got = full(_call(op, sample, dist_t), impl)
                             v = "pass" if same(got, want) else "wrong"
                             msg = "" if v == "pass" else "result differs"
-                        except Exception as e:  # noqa: BLE001
+                        except Exception as e:
                             v, msg = "error", f"{type(e).__name__}: {str(e)[:160]}"
                         both = agree(key, v)
                         v = "wrong" if "wrong" in both else "error" if "error" in both else "pass"
@@ -223,7 +223,7 @@ def _is_random(op, sample, torch) -> bool:
     try:
         with Watch():
             _call(op, sample, lambda t: t.clone())
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     if seeded:
         return True
@@ -232,12 +232,12 @@ def _is_random(op, sample, torch) -> bool:
         torch.manual_seed(seed)
         try:
             results.append(_call(op, sample, lambda t: t.clone()))
-        except Exception:  # noqa: BLE001
+        except Exception:
             return False
     from torch.utils._pytree import tree_flatten
 
     a, b = tree_flatten(results[0])[0], tree_flatten(results[1])[0]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if x.shape != y.shape or not torch.equal(
                 torch.nan_to_num(x.float() if not x.is_complex() else x, nan=0.0),
