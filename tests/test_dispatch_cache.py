@@ -18,7 +18,7 @@ import torch.distributed as dist
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, implicit_replication
 from dtensor.dispatch import fast as D
 from dtensor.dispatch.call import Call
-from dtensor.dispatch.meta import infer_meta, shape_metas
+from dtensor.dispatch.meta import host_probe_ok, infer_meta, inplace_metas, shape_metas
 from dtensor.rules import rule_for_tags
 from dtensor.sharding import OpCall
 from dtensor.spec import DTensorSpec, TensorMeta
@@ -222,6 +222,10 @@ SHAPE_CASES = [
     (aten.addmm.default, (_t(3), _t(4, 5), _t(5, 3)), {}),
     (aten.addmm.default, (_t(4, 3), _t(4, 5), _t(5, 3)), {}),
     (aten.addmm.default, (_t(1, 3), _t(4, 5), _t(5, 3)), {"beta": 0.5}),
+    (aten.zeros_like.default, (_t(4, 5),), {}),
+    (aten.ones_like.default, (_t(4, 5, dtype=torch.int32),), {"dtype": torch.float16}),
+    (aten.full_like.default, (_t(3, 2, dtype=torch.bool), 7), {}),
+    (aten.empty_like.default, (_t(2, 3, 4),), {"dtype": torch.float64}),
 ]
 
 
@@ -247,6 +251,63 @@ def test_shape_math_steps_aside_where_it_could_be_wrong(func, args) -> None:
     if sharding is None or sharding.shapes is None:
         return
     assert shape_metas(call, specs, sharding.shapes) is None
+
+
+INPLACE_CASES = [
+    (aten.add_.Tensor, (_t(4, 3), _t(3)), {"alpha": 2}),
+    (aten.mul_.Scalar, (_t(4, 3, dtype=torch.float16), 0.5), {}),
+    (aten.addcmul_.default, (_t(4, 3), _t(4, 3), _t(3)), {"value": 0.1}),
+    (aten.addcdiv_.default, (_t(4, 3), _t(4, 3), _t(4, 3)), {"value": -1.0}),
+    (aten.lerp_.Scalar, (_t(2, 5), _t(2, 5), 0.9), {}),
+    (aten.copy_.default, (_t(4, 3), _t(3, dtype=torch.int64)), {}),
+    (aten.zero_.default, (_t(4, 3).t(),), {}),
+]
+
+
+@pytest.mark.parametrize(("func", "args", "kwargs"), INPLACE_CASES, ids=lambda v: str(v)[:40])
+def test_inplace_results_take_self_metadata_as_the_meta_kernel_does(func, args, kwargs) -> None:
+    call, specs = _call(func, args, kwargs)
+    fast = inplace_metas(call, specs)
+    assert fast is not None, "the in-place path did not apply"
+    assert fast == infer_meta(call, specs)
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs"),
+    [
+        (aten.add.Tensor, (_t(4, 3), _t(3)), {}),  # out of place
+        (aten.add.out, (_t(4, 3), _t(3)), {"out": _t(4, 3)}),  # writes out=, not self
+        (aten.split.Tensor, (_t(4, 3), 2), {}),  # several results
+    ],
+)
+def test_only_ops_that_write_and_return_self_take_its_metadata(func, args, kwargs) -> None:
+    call, specs = _call(func, args, kwargs)
+    assert inplace_metas(call, specs) is None
+
+
+def test_host_probes_skip_random_ops_and_traces() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert host_probe_ok(aten.add.Tensor)
+    # A probe must not draw from a generator, nor run under a tracing mode.
+    assert not host_probe_ok(aten.bernoulli.p)
+    assert not host_probe_ok(aten.native_dropout.default)
+    with Passthrough():
+        assert not host_probe_ok(aten.add.Tensor)
+
+
+def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:
+    # Past 4096 elements the probe runs on 2x..x2 host tensors; arguments that
+    # only fit the real shape (view sizes) send it to the meta probe instead.
+    big = torch.ones(128, 64)
+    D._bindings.clear()
+    assert D._binding(aten.mul.Tensor, (big, big), {}) is torch._C._VariableFunctions.mul
+    assert D._binding(aten.view.default, (big, [64, 128]), {}) is torch._C.TensorBase.view
+    D._bindings.clear()
 
 
 # Rule registration ------------------------------------------------------------

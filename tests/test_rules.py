@@ -9,10 +9,13 @@ import pathlib
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtensor import DeviceMesh, Partial, Replicate, Shard
 from dtensor.rules import RULES, rule_for_tags
+from dtensor.rules._util import broadcast_shape
 from dtensor.rules.view import view_groups
 from dtensor.sharding import OpCall, Sharding, overloads_of
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
@@ -42,6 +45,20 @@ def run(func, *args, **kwargs) -> Sharding | None:
     rule = rule_for_tags(func)
     assert rule is not None, func
     return rule(OpCall(func, specs, tuple(flat), kwargs))
+
+
+_SHAPE = st.lists(st.sampled_from([0, 1, 2, 3]), max_size=4).map(tuple)
+
+
+@given(st.lists(_SHAPE, min_size=1, max_size=4))
+def test_broadcast_shape_is_torchs(shapes) -> None:
+    try:
+        want = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="do not broadcast"):
+            broadcast_shape(*shapes)
+        return
+    assert broadcast_shape(*shapes) == want
 
 
 def test_pointwise_keeps_matching_shards_and_broadcasts() -> None:

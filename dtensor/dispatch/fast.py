@@ -21,6 +21,7 @@ from dtensor.dispatch import propagate
 from dtensor.dispatch.call import CACHE_LIMIT, SCALAR_TYPES
 from dtensor.dispatch.execute import is_inplace, wrap
 from dtensor.dispatch.general import ALIAS, general
+from dtensor.dispatch.meta import host_probe_ok
 from dtensor.dispatch.propagate import Plan
 from dtensor.sharding import on_register
 
@@ -237,13 +238,40 @@ def _same(a, b) -> bool:
 def _probe_binding(func, loc, kwargs):
     if not all(type(x) is torch.Tensor for x in loc if isinstance(x, torch.Tensor)):
         return func._op
-    margs = [
+    # Tiny host tensors first (see dtensor.dispatch.meta: meta kernels are
+    # often Python and slow); the verdict depends on argument types, not
+    # shapes. Where the host run raises (sizes that only fit the real
+    # shapes, a CUDA-only op), meta tensors of the local shapes decide.
+    host = host_probe_ok(func)
+    found, raised = _try_bindings(func, _host_args(loc) if host else _meta_args(loc), kwargs)
+    if found is None and raised and host:
+        found, _ = _try_bindings(func, _meta_args(loc), kwargs)
+    return func._op if found is None else found
+
+
+def _host_args(loc):
+    return [
+        (torch.zeros(x.shape, dtype=x.dtype, device="cpu") if x.numel() <= 4096
+         else torch.zeros((2,) * x.dim(), dtype=x.dtype, device="cpu"))
+        if isinstance(x, torch.Tensor)
+        else x
+        for x in loc
+    ]
+
+
+def _meta_args(loc):
+    return [
         torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         if isinstance(x, torch.Tensor)
         else x
         for x in loc
     ]
+
+
+def _try_bindings(func, pargs, kwargs):
+    """``(binding or None, whether a candidate raised)`` for probe arguments."""
     name = func._schema.name.split("::")[-1]
+    raised = False
     for cand in (
         getattr(torch._C._VariableFunctions, name, None),
         getattr(torch._C.TensorBase, name, None),
@@ -253,11 +281,12 @@ def _probe_binding(func, loc, kwargs):
         rec = _Record()
         try:
             with rec:
-                cand(*margs, **kwargs)
-        except Exception:  # no meta kernel, or arguments it does not take
+                cand(*pargs, **kwargs)
+        except Exception:  # no kernel, or arguments it does not take
+            raised = True
             continue
         if len(rec.calls) == 1:
             f, a, k = rec.calls[0]
-            if f is func and _same(list(a), margs) and _same(k, kwargs):
-                return cand
-    return func._op
+            if f is func and _same(list(a), pargs) and _same(k, kwargs):
+                return cand, raised
+    return None, raised

@@ -1,9 +1,16 @@
 """Output metadata of an op call: global shape, stride and dtype of each result.
 
-Two ways: a rule's ``shapes`` (pure shape math) with dtypes from a probe on
-small meta tensors, cached per dtype signature (``shape_metas``); or the op
-run on meta tensors of the global shapes (``infer_meta``), which works for
-any op with a meta kernel but costs far more.
+Three ways, cheapest first: an in-place op's result is its ``self``
+(``inplace_metas``); a rule's ``shapes`` (pure shape math) with dtypes from
+a probe of the op on tiny tensors, cached per dtype signature
+(``shape_metas``); or the op run on meta tensors of the global shapes
+(``infer_meta``), which works for any op with a meta kernel but costs far
+more.
+
+The probe runs on tiny host tensors where that is safe (``host_probe_ok``):
+many meta kernels are Python reference implementations (``addcmul``,
+``pow``, ``lerp``: ~0.5-1 ms a call), while the CPU kernel of a 2x2 op costs
+microseconds, and a first training step meets dozens of new signatures.
 """
 
 from __future__ import annotations
@@ -19,10 +26,19 @@ from dtensor.dispatch.call import (
 )
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
-__all__ = ["infer_meta", "is_functional", "returns_list", "shape_metas"]
+__all__ = [
+    "host_probe_ok",
+    "infer_meta",
+    "inplace_metas",
+    "is_functional",
+    "returns_list",
+    "shape_metas",
+]
 
 _probes: dict = {}
 _functional: dict = {}
+_host_ok: dict = {}
+_inplace: dict = {}
 
 
 def is_functional(func) -> bool:
@@ -34,6 +50,46 @@ def is_functional(func) -> bool:
             a.alias_info is not None for a in (*schema.arguments, *schema.returns)
         )
     return ok
+
+
+def host_probe_ok(func) -> bool:
+    """Whether ``func`` may run on tiny CPU tensors to learn its result types.
+
+    Only ATen ops that draw no random numbers (a probe must not advance a
+    generator) and only outside tracing (under a fake or proxy mode every
+    tensor made here would belong to the trace).
+    """
+    ok = _host_ok.get(func)
+    if ok is None:
+        ok = _host_ok[func] = (
+            func.namespace == "aten" and torch.Tag.nondeterministic_seeded not in func.tags
+        )
+    return ok and not torch._C._len_torch_dispatch_stack()
+
+
+def inplace_metas(call: Call, specs) -> tuple[TensorMeta] | None:
+    """``(self's metadata,)`` for an op that writes ``self`` and returns it.
+
+    Ops that change ``self``'s shape or strides in place never get here
+    (dispatch refuses them), so the result's global metadata is ``self``'s.
+    """
+    func = call.func
+    ok = _inplace.get(func)
+    if ok is None:
+        schema = func._schema
+        args, rets = schema.arguments, schema.returns
+        ok = _inplace[func] = bool(
+            args
+            and len(rets) == 1
+            and args[0].alias_info is not None
+            and args[0].alias_info.is_write
+            and rets[0].alias_info is not None
+            and rets[0].alias_info.before_set == args[0].alias_info.before_set
+            and isinstance(args[0].type, torch.TensorType)
+        )
+    if not ok or not specs:
+        return None
+    return (specs[0].tensor_meta,)
 
 
 def returns_list(func) -> bool:
@@ -99,13 +155,23 @@ def _probe_sig(x):
 
 
 def _probe(call: Call, specs, shapes):
-    """Result dtypes of the op on meta tensors whose dims are all 2, if its
-    results are contiguous and as many (and of the same ranks) as ``shapes``."""
-    small = [torch.empty((2,) * s.ndim, dtype=s.dtype, device="meta") for s in specs]
-    try:
-        leaves = tensor_leaves(_on_meta(call, small))
-    except Exception:  # the full meta run will tell
-        return None
+    """Result dtypes of the op on tensors whose dims are all 2, if its results
+    are contiguous and as many (and of the same ranks) as ``shapes``: on CPU
+    where ``host_probe_ok``, else (or if the CPU kernel refuses) on meta."""
+    leaves = None
+    if host_probe_ok(call.func):
+        # Zeros, not garbage: index-like operands must be valid indices.
+        small = [torch.zeros((2,) * s.ndim, dtype=s.dtype, device="cpu") for s in specs]
+        try:
+            leaves = tensor_leaves(_run_on(call, small, "cpu"))
+        except Exception:  # no CPU kernel for this dtype, say: ask the meta kernel
+            leaves = None
+    if leaves is None:
+        small = [torch.empty((2,) * s.ndim, dtype=s.dtype, device="meta") for s in specs]
+        try:
+            leaves = tensor_leaves(_run_on(call, small, "meta"))
+        except Exception:  # the full meta run will tell
+            return None
     if len(leaves) != len(shapes) or any(
         t.ndim != len(shape) or not t.is_contiguous()
         for t, shape in zip(leaves, shapes, strict=True)
@@ -116,7 +182,7 @@ def _probe(call: Call, specs, shapes):
 
 def infer_meta(call: Call, specs) -> tuple[TensorMeta | None, ...]:
     """Global output metadata from the op run on meta tensors of global shape."""
-    out = _on_meta(call, [meta_tensor(s) for s in specs])
+    out = _run_on(call, [meta_tensor(s) for s in specs], "meta")
     if isinstance(out, tuple) and any(x is None for x in out):
         # Optional results (masked backward outputs) keep their slot as None.
         return tuple(
@@ -130,9 +196,9 @@ def meta_tensor(spec: DTensorSpec) -> torch.Tensor:
     return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
 
 
-def _on_meta(call: Call, metas):
-    """The op's result with ``metas`` as its operands (and on the meta device)."""
-    margs, mkwargs = call.replace(metas)
+def _run_on(call: Call, operands, device: str):
+    """The op's result with ``operands`` in place of its own, on ``device``."""
+    margs, mkwargs = call.replace(operands)
     if mkwargs.get("device") is not None:
-        mkwargs["device"] = "meta"
+        mkwargs["device"] = device
     return call.func(*margs, **mkwargs)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from dtensor.dispatch.call import CACHE_LIMIT, SCALAR_TYPES, Call
-from dtensor.dispatch.meta import infer_meta, returns_list, shape_metas
+from dtensor.dispatch.meta import infer_meta, inplace_metas, returns_list, shape_metas
 from dtensor.errors import UnsupportedOpError
 from dtensor.placement import replicated
 from dtensor.rules import rule_for
@@ -147,8 +147,8 @@ def _fallback(call: Call, specs) -> Plan:
 def _output_specs(call: Call, specs, sharding: Sharding):
     """One spec per tensor output, or None where no metadata can be had."""
     func = call.func
-    metas = None
-    if sharding.shapes is not None:
+    metas = inplace_metas(call, specs)
+    if metas is None and sharding.shapes is not None:
         metas = shape_metas(call, specs, sharding.shapes)
     if metas is None:
         try:

@@ -10,6 +10,7 @@ from dtensor.placement import Placement, Replicate, Shard
 
 __all__ = [
     "bind",
+    "broadcast_shape",
     "is_float",
     "norm_dim",
     "num_shards",
@@ -32,6 +33,25 @@ def bind(call) -> dict:
         else:
             out[a.name] = None
     return out
+
+
+def broadcast_shape(*shapes) -> tuple[int, ...]:
+    """The shape ``shapes`` broadcast to (``torch.broadcast_shapes``, which
+    costs ~30 us a call in Python reference code; this, ~2 us)."""
+    ndim = max(map(len, shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        off = ndim - len(shape)
+        for i, n in enumerate(shape):
+            m = out[off + i]
+            if n != m and n != 1:
+                if m != 1:
+                    raise RuntimeError(
+                        f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not "
+                        f"broadcast: size {m} and {n} at dim {off + i - ndim}"
+                    )
+                out[off + i] = n
+    return tuple(out)
 
 
 def returns(func) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
-from dtensor.rules._util import shard_through_broadcast
+from dtensor.rules._util import broadcast_shape, shard_through_broadcast
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "pointwise_rule"]
@@ -70,7 +70,7 @@ def pointwise_rule(call):
     func = call.func
     if not specs:
         return None
-    shape = tuple(torch.broadcast_shapes(*(s.shape for s in specs)))
+    shape = broadcast_shape(*(s.shape for s in specs))
     ndim = len(shape)
     mesh_ndim = specs[0].mesh.ndim
     inplace = _is_inplace(func)

@@ -56,7 +56,7 @@ def like_rule(call):
         return None
     out = partial_to_replicate(spec.placements)
     # The local block of a partial template already has the full shape.
-    return Sharding((None,) * len(call.specs), (out,))
+    return Sharding((None,) * len(call.specs), (out,), shapes=(spec.shape,))
 
 
 def new_rule(call):
