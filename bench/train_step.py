@@ -83,7 +83,8 @@ def lower_bound(cfg, n: int, kind: str) -> list[tuple[str, str, str, int, int]]:
     Shard(1) -> Replicate boundary is one all-gather forward and one
     reduce-scatter backward, every rowwise output Partial -> Shard(1) one
     reduce-scatter forward and one all-gather backward; the replicated norm
-    weights' gradients are one all-reduce each. ``tp``: one all-reduce per
+    weights' gradients are one all-reduce of all of them together (the
+    bytes of one each; the count is what a bucket saves). ``tp``: one all-reduce per
     rowwise layer forward and one per replicated input of a colwise group
     backward (wq/wk/wv share theirs, so do w1/w3). The loss needs each
     token's per-rank log-sum-exp (an all-gather of N floats; past 4 ranks a
@@ -103,7 +104,7 @@ def lower_bound(cfg, n: int, kind: str) -> list[tuple[str, str, str, int, int]]:
             ("bwd", "wo/w2 output grad S(1)->R", "all_gather", 2 * L, B),
             ("bwd", "attention/feed_forward input grad P->S(1)", "reduce_scatter", 2 * L, B),
             ("bwd", "tok_embeddings output grad S(1)->R", "all_gather", 1, B),
-            ("bwd", "norm weight grads P->R", "all_reduce", 2 * L + 1, cfg.dim * 4),
+            ("bwd", "norm weight grads P->R, one bucket", "all_reduce", 1, (2 * L + 1) * cfg.dim * 4),
         ]
     else:
         terms += [

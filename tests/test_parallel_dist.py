@@ -192,9 +192,10 @@ def _seq_block(x, mesh, rank, n=2):
 @pytest.mark.world_size(2)
 def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> None:
     """A replicated norm weight on sequence shards gets a Partial gradient: it
-    is all-reduced once per backward, so p.grad is Replicate, micro-batches
-    accumulate replicated values, and clipping and AdamW need no collective
-    (left Partial, AdamW all-reduced it three times per step)."""
+    is all-reduced once per backward, together with the bias in one buffer,
+    so p.grad is Replicate after every micro-batch, micro-batches accumulate
+    the right sums, and clipping and AdamW need no collective (left Partial,
+    AdamW all-reduced it three times per step)."""
     torch.manual_seed(11)
     ref = nn.LayerNorm(8)
     with torch.no_grad():
@@ -208,7 +209,7 @@ def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> 
         out = model(x.chunk(2, dim=1)[world.rank])
         with CommDebugMode() as comm:
             (out * _seq_block(w, mesh, world.rank)).sum().backward()
-        assert comm.get_comm_counts() == {funcol.all_reduce: 2}  # weight, bias: once each
+        assert comm.get_comm_counts() == {funcol.all_reduce: 1}  # weight and bias, one buffer
         assert comm.get_comm_bytes() == {funcol.all_reduce: 2 * 8 * 4}
         (ref(x) * w).sum().backward()
         for p, q in zip(model.parameters(), ref.parameters(), strict=True):
@@ -249,10 +250,61 @@ def test_grad_reduction_survives_meta_init_and_deepcopy(world) -> None:
         out = m(x.chunk(2, dim=1)[world.rank])
         with CommCounter() as c:
             (out * _seq_block(w, mesh, world.rank)).sum().backward()
-        assert c.counts == {"all_reduce": 2}
+        assert c.counts == {"all_reduce": 1}
         for p, q in zip(m.parameters(), ref.parameters(), strict=True):
             assert p.grad.placements == (Replicate(),)
             torch.testing.assert_close(p.grad.to_local(), q.grad, **TOL)
+
+
+@pytest.mark.world_size(2)
+def test_norm_grads_of_many_modules_share_one_all_reduce(world) -> None:
+    """Every hooked parameter of one backward is reduced in one flat buffer at
+    its end; torch.autograd.grad (no accumulation) hands back the partial
+    gradients and leaves p.grad alone; a backward that raised midway does
+    not keep the next one from reducing."""
+    torch.manual_seed(13)
+    ref = nn.Sequential(nn.LayerNorm(8), nn.Tanh(), nn.LayerNorm(8))
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    mesh = _mesh(2)
+    model = parallelize_module(copy.deepcopy(ref), mesh, {"0": SequenceParallel(),
+                                                          "2": SequenceParallel()})
+    x, w = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    wl = _seq_block(w, mesh, world.rank)
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("boom")
+
+    # Raises after the last norm's hooks ran: their grads stay partial sums.
+    out = model(x.chunk(2, dim=1)[world.rank])
+    with pytest.raises(RuntimeError, match="boom"):
+        (model[2](Boom.apply(out)) * wl).sum().backward()
+    model.zero_grad(set_to_none=True)
+
+    out = model(x.chunk(2, dim=1)[world.rank])
+    with CommCounter() as c:
+        (out * wl).sum().backward()
+    assert c.counts == {"all_reduce": 1}
+    assert c.bytes == {"all_reduce": 4 * 8 * 4}
+    (ref(x) * w).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert p.grad.placements == (Replicate(),)
+        torch.testing.assert_close(p.grad.to_local(), q.grad, **TOL)
+
+    before = [p.grad for p in model.parameters()]
+    out = model(x.chunk(2, dim=1)[world.rank])
+    grads = torch.autograd.grad((out * wl).sum(), list(model.parameters()))
+    assert all(g.placements == (Partial(),) for g in grads)
+    for g, q in zip(grads, ref.parameters(), strict=True):
+        torch.testing.assert_close(g.full_tensor(), q.grad, **TOL)
+    assert all(p.grad is b for p, b in zip(model.parameters(), before, strict=True))
 
 
 @pytest.mark.world_size(2)

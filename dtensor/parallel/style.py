@@ -28,6 +28,7 @@ from dtensor.mesh import DeviceMesh
 from dtensor.module import distribute_module, distribute_param
 from dtensor.parallel.embedding import vocab_parallel_forward
 from dtensor.parallel.errors import PlanError, UnsupportedModuleError
+from dtensor.parallel.grad_reduce import reduce_partial_grads
 from dtensor.placement import Placement, Replicate, Shard
 from dtensor.tensor import DTensor
 
@@ -100,60 +101,6 @@ def _partitioner(layouts: dict[str, Placement], src_data_rank: int | None, targe
             module.register_parameter(key, nn.Parameter(dt, requires_grad=param.requires_grad))
 
     return partition
-
-
-def reduce_partial_grads(module: nn.Module) -> None:
-    """Hook ``module``'s replicated DTensor parameters so their gradients arrive
-    in the parameter's own placements rather than as partial sums.
-
-    A replicated weight applied to sharded activations (a norm on sequence
-    shards) gets a ``Partial`` gradient. Left so, every optimizer op that
-    reads it reduces it again (AdamW: three times per step); reduced here,
-    once per backward, before it is accumulated, so ``p.grad`` is
-    ``Replicate`` and accumulation over micro-batches adds replicated values
-    (one all-reduce per micro-batch). A tensor hook lives on the tensor under
-    the Python object, which ``to_empty``/``module.to`` swap
-    (``torch.utils.swap_tensors``), and ``copy.deepcopy`` makes new
-    parameters without hooks, so each eager forward re-checks; compiled code
-    skips the check (hooks registered at ``parallelize_module`` time or by an
-    eager forward still apply, and a missing one costs the optimizer's extra
-    reductions, never a wrong value).
-
-    Example (``SequenceParallel`` calls it; a custom style may too):
-        >>> reduce_partial_grads(norm)      # norm.weight: DTensor [Replicate()]
-        >>> norm(x_seq_shard).sum().backward()
-        >>> norm.weight.grad.placements
-        (Replicate(),)
-    """
-    if torch.compiler.is_compiling():
-        return
-    for param in module.parameters():
-        if not isinstance(param, DTensor) or not param.requires_grad:
-            continue
-        placements = param.placements
-        if not any(p.is_replicate() for p in placements) or any(p.is_partial() for p in placements):
-            continue
-        if param.__dict__.get("_dtensor_grad_hook") == param._cdata:
-            continue  # hooked, and still the same tensor underneath
-        hooks = param._backward_hooks
-        if hooks is not None and any(getattr(h, "_dtensor_reducer", False) for h in hooks.values()):
-            # Swapped: the hook dict stayed with the Python object but the new
-            # tensor underneath has no hooks; assigning the dict attaches it
-            # (with any other hooks in it, which the swap had detached too).
-            param._backward_hooks = hooks
-        else:
-            param.register_hook(_reducer(placements))
-        param.__dict__["_dtensor_grad_hook"] = param._cdata
-
-
-def _reducer(placements: tuple[Placement, ...]):
-    def reduce_grad(grad):
-        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
-            return grad.redistribute(grad.device_mesh, placements)
-        return grad
-
-    reduce_grad._dtensor_reducer = True
-    return reduce_grad
 
 
 def _require(module: nn.Module, fqn: str, style: str, kinds: tuple[type, ...]) -> None:
@@ -282,8 +229,8 @@ class SequenceParallel(ParallelStyle):
     ``nn.RMSNorm``, ``nn.Dropout``, an RMSNorm of your own): the input becomes
     ``Shard(sequence_dim)`` (a plain tensor is taken as this rank's block), and
     so is the output. The replicated weights' gradients, partial sums over the
-    sequence shards, are all-reduced once per backward as they arrive, so
-    ``p.grad`` is ``Replicate`` (``reduce_partial_grads``; PyTorch leaves them
+    sequence shards, are all-reduced at the end of each backward, all in one
+    collective, so ``p.grad`` is ``Replicate`` (``reduce_partial_grads``; PyTorch leaves them
     ``Partial`` and the optimizer reduces them again on every use). Dropout
     on a DTensor draws from dtensor's generator, so its mask is the
     single-device mask.
