@@ -270,6 +270,45 @@ def test_parallelized_block_compiles_as_one_graph_and_trains_like_eager(world) -
     assert cnt.frame_count == 1
 
 
+class _Tiny(torch.nn.Module):
+    """A vocabulary-parallel embedding feeding a sequence-parallel norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, ids):
+        return self.norm(self.emb(ids))
+
+
+@W2
+def test_vocab_parallel_embedding_compiles_into_the_model_graph(world) -> None:
+    # Its forward lives in dtensor (skipped by Dynamo): untraced, whole-model
+    # compile broke the graph there and fullgraph=True raised.
+    from dtensor import parallel as tp
+
+    mesh = _mesh()
+    torch.manual_seed(0)
+    base = _Tiny()
+    plan = {"emb": tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": tp.SequenceParallel()}
+    models = [tp.parallelize_module(copy.deepcopy(base), mesh, plan) for _ in range(2)]
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(models[1], backend=cnt, fullgraph=True)
+    ids = torch.tensor([[1, 9, 4, 0], [7, 7, 2, 5]])
+    outs = []
+    for fn in (models[0], compiled):
+        out = fn(ids)
+        out.square().sum().backward()
+        outs.append(out)
+    _assert_same(outs[1], outs[0])
+    for (name, p0), p1 in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        assert p1.grad is not None, name
+        _assert_same(p1.grad, p0.grad)
+    assert cnt.frame_count == 1
+
+
 # Random ops ----------------------------------------------------------------------------
 def _random(x):
     return F.dropout(x, 0.5) + torch.rand_like(x), torch.empty_like(x).normal_(1.0, 2.0)

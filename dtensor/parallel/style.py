@@ -24,6 +24,7 @@ from types import MethodType
 import torch
 from torch import nn
 
+from dtensor._compile import traced_hook
 from dtensor.mesh import DeviceMesh
 from dtensor.module import distribute_module, distribute_param
 from dtensor.parallel.embedding import vocab_parallel_forward
@@ -201,7 +202,8 @@ class RowwiseParallel(ParallelStyle):
         self._check(module, "")
         if isinstance(module, nn.Embedding):
             layouts, desired = {"weight": Shard(0)}, Replicate()
-            module.forward = MethodType(vocab_parallel_forward, module)
+            # traced: under torch.compile a skipped forward breaks the model's graph
+            module.forward = MethodType(traced_hook(vocab_parallel_forward), module)
         else:
             layouts, desired = {"weight": Shard(1), "bias": Replicate()}, Shard(-1)
 
