@@ -96,9 +96,10 @@ def _reducer(module: nn.Module, name: str, placements: tuple[Placement, ...]):
     def reduce_grad(grad):
         if not (isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements)):
             return grad
-        if not _bucketable(grad, placements):
+        owner = ref()
+        if owner is None or not _bucketable(grad, placements):  # reduce it here and now
             return grad.redistribute(grad.device_mesh, placements)
-        param = ref().get_parameter(name)
+        param = owner.get_parameter(name)
         try:
             accumulates = torch._C._will_engine_execute_node(get_gradient_edge(param).node)
         except RuntimeError:  # torch.autograd.grad: nothing is accumulated into p.grad
