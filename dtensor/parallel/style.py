@@ -115,7 +115,36 @@ def _require(module: nn.Module, fqn: str, style: str, kinds: tuple[type, ...]) -
 
 
 # The styles --------------------------------------------------------------------
-class ColwiseParallel(ParallelStyle):
+class _LinearStyle(ParallelStyle):
+    """Column- and row-wise styles: lay out the parameters, bring the input to
+    the layout the local matmul needs, lay out the output."""
+
+    input_layouts: Placement
+    output_layouts: Placement
+    use_local_output: bool
+
+    def _distribute(self, module: nn.Module, device_mesh: DeviceMesh,
+                    layouts: dict[str, Placement], desired: Placement) -> nn.Module:
+        who = type(self).__name__
+
+        def input_fn(mod, inputs, mesh):
+            x = as_dtensor(inputs[0], mesh, self.input_layouts, who)
+            return (relayout(x, desired), *inputs[1:])
+
+        def output_fn(mod, out, mesh):
+            return finish(relayout(out, self.output_layouts), self.use_local_output)
+
+        return distribute_module(
+            module, device_mesh, _partitioner(layouts, self.src_data_rank, module),
+            input_fn, output_fn,
+        )
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts="
+                f"{self.output_layouts}, use_local_output={self.use_local_output})")
+
+
+class ColwiseParallel(_LinearStyle):
     """Shard an ``nn.Linear``'s output features (weight and bias ``Shard(0)``) or an
     ``nn.Embedding``'s embedding dim (weight ``Shard(1)``).
 
@@ -144,24 +173,10 @@ class ColwiseParallel(ParallelStyle):
         if isinstance(module, nn.Embedding):
             layouts = {"weight": Shard(1)}
 
-        def input_fn(mod, inputs, mesh):
-            x = as_dtensor(inputs[0], mesh, self.input_layouts, "ColwiseParallel")
-            return (relayout(x, Replicate()), *inputs[1:])
-
-        def output_fn(mod, out, mesh):
-            return finish(relayout(out, self.output_layouts), self.use_local_output)
-
-        return distribute_module(
-            module, device_mesh, _partitioner(layouts, self.src_data_rank, module),
-            input_fn, output_fn,
-        )
-
-    def __repr__(self) -> str:
-        return (f"ColwiseParallel(input_layouts={self.input_layouts}, output_layouts="
-                f"{self.output_layouts}, use_local_output={self.use_local_output})")
+        return self._distribute(module, device_mesh, layouts, Replicate())
 
 
-class RowwiseParallel(ParallelStyle):
+class RowwiseParallel(_LinearStyle):
     """Shard an ``nn.Linear``'s input features (weight ``Shard(1)``, bias replicated)
     or an ``nn.Embedding``'s vocabulary (weight ``Shard(0)``).
 
@@ -207,21 +222,7 @@ class RowwiseParallel(ParallelStyle):
         else:
             layouts, desired = {"weight": Shard(1), "bias": Replicate()}, Shard(-1)
 
-        def input_fn(mod, inputs, mesh):
-            x = as_dtensor(inputs[0], mesh, self.input_layouts, "RowwiseParallel")
-            return (relayout(x, desired), *inputs[1:])
-
-        def output_fn(mod, out, mesh):
-            return finish(relayout(out, self.output_layouts), self.use_local_output)
-
-        return distribute_module(
-            module, device_mesh, _partitioner(layouts, self.src_data_rank, module),
-            input_fn, output_fn,
-        )
-
-    def __repr__(self) -> str:
-        return (f"RowwiseParallel(input_layouts={self.input_layouts}, output_layouts="
-                f"{self.output_layouts}, use_local_output={self.use_local_output})")
+        return self._distribute(module, device_mesh, layouts, desired)
 
 
 class SequenceParallel(ParallelStyle):
