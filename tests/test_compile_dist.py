@@ -257,17 +257,23 @@ def test_parallelized_block_compiles_as_one_graph_and_trains_like_eager(world) -
     g = torch.Generator().manual_seed(world.rank)
     for _ in range(2):
         x = torch.randn(2, 3, 8, generator=g)  # this rank's sequence shard
-        outs = []
-        for fn in (blocks[0], compiled):
-            out = fn(x)
-            out.square().sum().backward()
-            outs.append(out)
-        _assert_same(outs[1], outs[0])
-        for (name, p0), p1 in zip(blocks[0].named_parameters(), blocks[1].parameters(), strict=True):
-            assert p1.grad is not None, name
-            _assert_same(p1.grad, p0.grad)
-            p0.grad = p1.grad = None
+        _step_like_eager(blocks, compiled, x)
     assert cnt.frame_count == 1
+
+
+def _step_like_eager(models, compiled, x) -> None:
+    """One forward and backward of ``models[0]`` eagerly and of ``compiled``
+    (``models[1]`` compiled): same output, same parameter gradients; clears them."""
+    outs = []
+    for fn in (models[0], compiled):
+        out = fn(x)
+        out.square().sum().backward()
+        outs.append(out)
+    _assert_same(outs[1], outs[0])
+    for (name, p0), p1 in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        assert p1.grad is not None, name
+        _assert_same(p1.grad, p0.grad)
+        p0.grad = p1.grad = None
 
 
 class _Tiny(torch.nn.Module):
@@ -296,16 +302,7 @@ def test_vocab_parallel_embedding_compiles_into_the_model_graph(world) -> None:
     models = [tp.parallelize_module(copy.deepcopy(base), mesh, plan) for _ in range(2)]
     cnt = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(models[1], backend=cnt, fullgraph=True)
-    ids = torch.tensor([[1, 9, 4, 0], [7, 7, 2, 5]])
-    outs = []
-    for fn in (models[0], compiled):
-        out = fn(ids)
-        out.square().sum().backward()
-        outs.append(out)
-    _assert_same(outs[1], outs[0])
-    for (name, p0), p1 in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
-        assert p1.grad is not None, name
-        _assert_same(p1.grad, p0.grad)
+    _step_like_eager(models, compiled, torch.tensor([[1, 9, 4, 0], [7, 7, 2, 5]]))
     assert cnt.frame_count == 1
 
 

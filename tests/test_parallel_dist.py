@@ -282,10 +282,13 @@ def test_norm_grads_of_many_modules_share_one_all_reduce(world) -> None:
         def backward(ctx, g):
             raise RuntimeError("boom")
 
-    # Raises after the last norm's hooks ran: their grads stay partial sums.
-    out = model(x.chunk(2, dim=1)[world.rank])
+    # Raises at the very end, after every parameter's hook ran: the callback
+    # that would have reduced them never runs.
+    xl = x.chunk(2, dim=1)[world.rank].clone().requires_grad_()
+    out = model(Boom.apply(xl))
     with pytest.raises(RuntimeError, match="boom"):
-        (model[2](Boom.apply(out)) * wl).sum().backward()
+        (out * wl).sum().backward()
+    assert all(p.grad.placements == (Partial(),) for p in model.parameters())
     model.zero_grad(set_to_none=True)
 
     out = model(x.chunk(2, dim=1)[world.rank])
@@ -305,6 +308,13 @@ def test_norm_grads_of_many_modules_share_one_all_reduce(world) -> None:
     for g, q in zip(grads, ref.parameters(), strict=True):
         torch.testing.assert_close(g.full_tensor(), q.grad, **TOL)
     assert all(p.grad is b for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_reduce_partial_grads_names_what_it_needs() -> None:
+    from dtensor.parallel.grad_reduce import reduce_partial_grads
+
+    with pytest.raises(PlanError, match=r"expected an nn\.Module.*got Tensor"):
+        reduce_partial_grads(torch.ones(2))
 
 
 @pytest.mark.world_size(2)

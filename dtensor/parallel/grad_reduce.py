@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
+from dtensor.parallel.errors import PlanError
 from dtensor.placement import Partial, Placement, Replicate
 from dtensor.tensor import DTensor
 
@@ -54,6 +55,11 @@ def reduce_partial_grads(module: nn.Module) -> None:
         >>> norm.weight.grad.placements
         (Replicate(),)
     """
+    if not isinstance(module, nn.Module):
+        raise PlanError(
+            f"reduce_partial_grads: expected an nn.Module whose replicated DTensor "
+            f"parameters to hook, got {type(module).__name__}"
+        )
     if torch.compiler.is_compiling():
         return
     for name, param in module.named_parameters():
