@@ -19,7 +19,7 @@ import torch
 
 from dtensor import _comm, _compile
 from dtensor import random as rng
-from dtensor._random_ops import no_generator, zero_partial_sums
+from dtensor.dispatch.random_ops import no_generator, zero_partial_sums
 from dtensor.errors import ShardingError
 from dtensor.mesh import DeviceMesh, device_of
 from dtensor.placement import Placement, replicated

@@ -1,4 +1,4 @@
-"""Covers: dtensor/_random_ops.py on Gloo worlds.
+"""Covers: dtensor/dispatch/random_ops.py on Gloo worlds.
 
 The full tensor of every random op equals the plain-tensor reference of
 ``dtensor.random`` under the same seed, bit for bit, for every mesh and

@@ -88,8 +88,8 @@ def _random_same_offset_on_every_shard() -> None:
 def _outsider_joins_collective() -> None:
     import torch
 
-    from dtensor import _comm, _random_ops, redistribute, tensor
-    from dtensor.dispatch import execute
+    from dtensor import _comm, redistribute, tensor
+    from dtensor.dispatch import execute, random_ops
 
     original = redistribute.redistribute_local
 
@@ -99,7 +99,7 @@ def _outsider_joins_collective() -> None:
             _comm.all_reduce(torch.zeros(1), "sum", _comm.group_for((_comm.get_rank(),)))
         return original(local, src, dst)
 
-    for module in (redistribute, tensor, execute, _random_ops):
+    for module in (redistribute, tensor, execute, random_ops):
         module.redistribute_local = redistribute_local
 
 

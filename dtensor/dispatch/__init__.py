@@ -12,8 +12,7 @@ imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
 
 from __future__ import annotations
 
-from dtensor import _random_ops
-from dtensor.dispatch import call, execute, fast, general
+from dtensor.dispatch import call, execute, fast, general, random_ops
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
 
@@ -22,5 +21,5 @@ __all__ = ["dispatch", "implicit_replication", "serve"]
 
 def serve(tensor_type: type) -> None:
     """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor)."""
-    for module in (call, execute, fast, general, _random_ops):
+    for module in (call, execute, fast, general, random_ops):
         module.DTensor = tensor_type

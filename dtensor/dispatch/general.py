@@ -1,7 +1,7 @@
 """The general path of dispatch: special ops, then flatten → plan → execute.
 
 ``general(func, args, kwargs)`` handles every call the fast path cannot:
-random ops (``dtensor._random_ops``), spec-aliasing metadata ops (detach,
+random ops (``dtensor.dispatch.random_ops``), spec-aliasing metadata ops (detach,
 alias), in-place views, and everything else through one ``Call``, its cached
 ``Plan`` and ``execute.run``. It returns the result and the plan, so that the
 fast path can decide whether later calls of this schema may skip all this.
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from dtensor import _random_ops
+from dtensor.dispatch import random_ops
 from dtensor.dispatch.call import Call
 from dtensor.dispatch.execute import run, wrap
 from dtensor.dispatch.propagate import Plan, plan_for
@@ -70,7 +70,7 @@ def general(func, args: tuple, kwargs: dict):
 
 
 def _special_handler(func):
-    handler = _random_ops.HANDLERS.get(func)
+    handler = random_ops.HANDLERS.get(func)
     if handler is not None:
         return handler
     if func in _SPEC_ALIASING:

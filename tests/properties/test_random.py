@@ -1,4 +1,4 @@
-"""Covers: dtensor/_random_ops.py and dtensor/random.py through DTensors.
+"""Covers: dtensor/dispatch/random_ops.py and dtensor/random.py through DTensors.
 
 Properties, on generated meshes (1-D to 3-D, sub-meshes) and placements
 (uneven and empty shards, partial inputs), for every random op in ``OPS``:
