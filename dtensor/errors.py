@@ -19,6 +19,8 @@ mesh axis index too large   IndexError                 MeshAxisError (... , Inde
 redistribute across meshes  NotImplementedError        CrossMeshError (NotImplementedError)
 malformed mesh, world size  RuntimeError               MeshError (RuntimeError)
 ops on mixed meshes/types   RuntimeError               ShardingError
+malformed parallelize plan  ValueError                 PlanError (ValueError)
+style on an unknown module  NotImplementedError        UnsupportedModuleError (NotImplementedError)
 ==========================  =========================  ======================
 
 Example:
@@ -36,8 +38,10 @@ __all__ = [
     "MeshAxisError",
     "MeshError",
     "PlacementError",
+    "PlanError",
     "ShardDimError",
     "ShardingError",
+    "UnsupportedModuleError",
     "UnsupportedOpError",
 ]
 
@@ -73,3 +77,11 @@ class CrossMeshError(MeshError, NotImplementedError):
 
 class UnsupportedOpError(ShardingError):
     """No sharding rule can run this op, and the replicate fallback is not allowed."""
+
+
+class PlanError(ShardingError, ValueError):
+    """A parallelize plan, a style's arguments or a module's inputs are malformed."""
+
+
+class UnsupportedModuleError(PlanError, NotImplementedError):
+    """A parallel style was applied to a module type it does not know how to shard."""

@@ -28,7 +28,7 @@ from torch import nn
 
 from dtensor._compile import traced_hook
 from dtensor.distribute import distribute_tensor
-from dtensor.errors import ShardingError
+from dtensor.errors import PlanError, ShardingError
 from dtensor.mesh import DeviceMesh
 from dtensor.placement import Replicate
 from dtensor.spec import (
@@ -141,8 +141,6 @@ def _hook(what: str, fn, mesh: DeviceMesh):
             stacklevel=3,
         )
         return lambda mod, io: fn(io, mesh)
-    from dtensor.parallel.errors import PlanError
-
     raise PlanError(
         f"distribute_module: {what} must take 3 arguments (module, inputs, "
         f"device_mesh), got {nargs}: {fn!r}. Fix its signature."
