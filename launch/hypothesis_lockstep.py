@@ -24,7 +24,7 @@ It also registers the profiles ``ci``, ``dev`` and ``fuzz`` (pick one with
 the ``pytest_lockstep_replay_args(config)`` hook (``NAME=value`` entries go
 before the command, others after it). Heavy imports happen inside hooks
 only; it never imports ``dtensor`` (the property suite's own glue is
-``dtensor.testing.pytest_plugin``).
+``tests/properties/conftest.py``).
 """
 
 from __future__ import annotations

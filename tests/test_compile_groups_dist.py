@@ -168,7 +168,7 @@ def _run_world(script: Path, n: int, out: Path, cache: Path) -> dict:
 
 
 @pytest.mark.world_size(1)
-@pytest.mark.timeout(900)
+@pytest.mark.dist_timeout(900)
 def test_warm_disk_cache_from_another_world_is_never_replayed(tmp_path) -> None:
     """A 3-rank run, then two 2-rank runs, one inductor cache directory."""
     script = tmp_path / "child.py"

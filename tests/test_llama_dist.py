@@ -65,7 +65,7 @@ CASES = [
 ]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.dist_timeout(600)
 @pytest.mark.parametrize(("n", "sp", "dropout"), CASES)
 def test_llama_tensor_parallel_trains_like_single_device(world, n, sp, dropout) -> None:
     args = llama.ModelArgs(dropout=dropout)
@@ -77,7 +77,7 @@ def test_llama_tensor_parallel_trains_like_single_device(world, n, sp, dropout) 
                                    msg=lambda m, name=name: f"param {name}: {m}")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.dist_timeout(600)
 @pytest.mark.world_size(4)
 def test_llama_2d_data_and_tensor_parallel_trains_like_single_device(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
@@ -114,7 +114,7 @@ def _shared_dir(world):
             shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.dist_timeout(600)
 @pytest.mark.world_size(4)
 def test_checkpoint_on_4_ranks_resumes_on_2_with_another_plan(world) -> None:
     """Save model and AdamW state mid-training on 4 ranks (sequence parallel),

@@ -1,4 +1,4 @@
-"""Covers: dtensor/dispatch.py and dtensor/rules/ (through the public ops).
+"""Covers: dtensor/dispatch/ and dtensor/rules/ (through the public ops).
 
 Property: for pointwise ops, reductions, the matmul family and views, the op
 on DTensors with generated placements (Partial included) equals the op on

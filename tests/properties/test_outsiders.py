@@ -1,4 +1,4 @@
-"""Covers: dtensor/mesh.py sub-meshes, dtensor/dispatch.py and
+"""Covers: dtensor/mesh.py sub-meshes, dtensor/dispatch/ and
 dtensor/tensor.py on ranks outside a mesh.
 
 Property: on meshes that leave some ranks of the world out, distribute,
@@ -24,7 +24,7 @@ from dtensor.testing import (
 )
 from dtensor.testing.op_table import FAMILIES, draw_op, op_tolerances, reference
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.dist_timeout(120)
 
 
 def _need_sub_meshes(impl):

@@ -40,7 +40,7 @@ from dtensor.testing import (
     tensors,
 )
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.dist_timeout(180)
 
 FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.uint8)

@@ -1,5 +1,5 @@
 """Covers: dtensor/spec.py, dtensor/placement.py (immutability) and the
-metadata fast paths of dtensor/tensor.py and dtensor/dispatch.py.
+metadata fast paths of dtensor/tensor.py and dtensor/dispatch/.
 
 Properties: ``detach``, ``alias`` and ``view_as`` return the input's spec
 object; specs and placements cannot be mutated; writing into an output's data
