@@ -11,6 +11,12 @@ from dtensor.testing.asserts import (
     tolerances,
 )
 from dtensor.testing.impl import IMPLS, Impl, get_impl
+from dtensor.testing.oracle import (
+    assert_coordinate,
+    assert_layout,
+    reference_block,
+    reference_coordinate,
+)
 from dtensor.testing.strategies import (
     DTYPES,
     DistributedInput,
@@ -31,6 +37,8 @@ __all__ = [
     "DistributedInput",
     "Impl",
     "MeshLayout",
+    "assert_coordinate",
+    "assert_layout",
     "assert_local_is_empty",
     "assert_matches_single_device",
     "distributed_inputs",
@@ -39,6 +47,8 @@ __all__ = [
     "mesh_layouts",
     "mesh_shapes",
     "placements",
+    "reference_block",
+    "reference_coordinate",
     "sub_meshes",
     "tensor_shapes",
     "tensors",

@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-from dtensor.spec import local_block
-
 __all__ = ["assert_local_is_empty", "assert_matches_single_device", "tolerances"]
 
 # (rtol, atol) per dtype; as torch.testing.assert_close's defaults, with a
@@ -77,11 +75,14 @@ def assert_matches_single_device(
 ) -> None:
     """``dt`` (a DTensor) holds ``expected`` (a plain global tensor).
 
-    Checks the global shape and dtype, then this rank's local block against
-    the slice of ``expected`` its mesh coordinate owns
-    (``dtensor.spec.local_block``). A rank outside the mesh must hold an empty
-    tensor of the right dtype. ``Partial`` axes are reduced first with
-    ``redistribute`` (a collective over the mesh: call this on every member).
+    Checks the global shape and dtype, then this rank's local block, offset
+    and coordinate against the independent per-rank oracle
+    (``dtensor.testing.oracle.assert_layout``: ``torch.chunk`` at the
+    coordinate in the mesh's rank tensor, not the runtime's layout math). A
+    rank outside the mesh must hold an empty tensor of the right dtype.
+    ``Partial`` axes: the pieces' shapes are checked, then the axes are
+    reduced with ``redistribute`` (a collective over the mesh: call this on
+    every member) and the values compared.
 
     Tolerances default to ``tolerances(expected.dtype)``. The message names
     the rank, its coordinate, the block it holds, the first differing global
@@ -99,30 +100,25 @@ def assert_matches_single_device(
             f"{prefix}dtype differs on rank {_rank()}: got {dt.dtype}, expected "
             f"{expected.dtype}"
         )
-    mesh = dt.device_mesh
-    coord = mesh.get_coordinate()
+    from dtensor.testing.oracle import assert_layout
+
     placements = tuple(dt.placements)
-    if coord is None:
-        assert_local_is_empty(dt.to_local().detach(), dt.dtype, f" {mesh}")
-        return
     if any(type(p).__name__ == "Partial" for p in placements):
-        replicate = type(_first(placements, "Partial")).__module__
-        dt = _reduce_partials(dt, replicate)
-        placements = tuple(dt.placements)
-    local = dt.to_local().detach()
-    shape, offset = local_block(expected.shape, tuple(mesh.shape), _ours(placements), coord)
-    where = (
-        f"rank {_rank()} (mesh coordinate {coord} of {tuple(mesh.shape)}, placements "
-        f"{_placements_str(placements)}) holding global["
-        + ", ".join(f"{o}:{o + s}" for o, s in zip(offset, shape, strict=True))
-        + "]"
-    )
-    if tuple(local.shape) != shape:
-        raise AssertionError(
-            f"{prefix}{where}: local shape {tuple(local.shape)}, expected {shape}"
-        )
-    block = expected[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
-    _compare(local, block, offset, where, prefix, rtol, atol, equal_nan)
+        # The pieces' layout first; a failure is raised after the reduction
+        # (a collective every member must join, or the others hang).
+        err = None
+        try:
+            assert_layout(dt, None, msg=msg)
+        except AssertionError as e:
+            err = e
+        if dt.device_mesh.get_coordinate() is not None:
+            replicate = type(_first(placements, "Partial")).__module__
+            dt = _reduce_partials(dt, replicate)
+        if err is not None:
+            raise err
+    # This rank's block, offset and coordinate against the independent
+    # reference (torch.chunk at the coordinate in the mesh's rank tensor).
+    assert_layout(dt, expected, rtol=rtol, atol=atol, equal_nan=equal_nan, msg=msg)
 
 
 def _first(placements, name):
@@ -138,22 +134,8 @@ def _reduce_partials(dt: Any, module: str) -> Any:
     return dt.redistribute(dt.device_mesh, target)
 
 
-def _ours(placements: Sequence[Any]) -> tuple:
-    from dtensor.placement import Partial, Replicate, Shard
-
-    out = []
-    for p in placements:
-        name = type(p).__name__
-        if name == "Shard":
-            out.append(Shard(p.dim))
-        elif name == "Partial":
-            out.append(Partial())
-        else:
-            out.append(Replicate())
-    return tuple(out)
-
-
-def _compare(local, block, offset, where, prefix, rtol, atol, equal_nan) -> None:
+def compare_block(local, block, offset, where, prefix, rtol, atol, equal_nan) -> None:
+    """Raise naming the first differing global index (``offset``: the block's)."""
     if local.numel() == 0:
         return
     if block.dtype.is_floating_point or block.dtype.is_complex:

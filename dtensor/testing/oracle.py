@@ -1,0 +1,157 @@
+"""The per-rank layout oracle: which block, offset and coordinate each rank holds.
+
+The runtime's own layout math (``dtensor.spec.local_block``, the mesh's
+cached coordinate) is what a layout bug would break, so it cannot be its own
+reference. The oracle derives everything independently, on each rank:
+
+- the coordinate: where this process's rank sits in the mesh's rank tensor
+  (``mesh.mesh``), checked against ``get_coordinate()``, ``get_local_rank``
+  of every axis (by index, negative index and name) and ``size(axis)``;
+- the block: for each mesh axis in order, ``torch.chunk`` of the global index
+  range of the sharded dim, piece number = the coordinate on that axis (no
+  piece: empty), so nested and uneven sharding follow PyTorch's convention;
+- the offset: the first global index of the block on every non-empty dim,
+  checked against the runtime's ``spec.local_block`` where it has one;
+- the values: the expected global tensor gathered at those indices
+  (``index_select``), not sliced with the runtime's offsets.
+
+It issues no collectives, so it never hangs a world whose ranks disagree;
+call it on every rank (each checks its own block). It works on dtensor's and
+on ``torch.distributed.tensor``'s DTensor.
+
+Example:
+    >>> dt = distribute_tensor(x, mesh, [Shard(0), Shard(0)])
+    >>> assert_layout(dt, x)            # block, offset, coordinate, values
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["assert_coordinate", "assert_layout", "reference_block", "reference_coordinate"]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def reference_coordinate(grid: torch.Tensor, rank: int) -> tuple[int, ...] | None:
+    """``rank``'s position in the rank tensor ``grid``; None when absent."""
+    hit = (grid == rank).nonzero()
+    if hit.shape[0] == 0:
+        return None
+    return tuple(int(i) for i in hit[0])
+
+
+def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
+                    placements: Sequence[Any], coordinate: Sequence[int]
+                    ) -> list[torch.Tensor]:
+    """Per tensor dim, the global indices of the block at ``coordinate``.
+
+    Mesh axes are applied in order; ``Shard(d)`` keeps piece
+    ``coordinate[axis]`` of ``torch.chunk(indices[d], mesh_shape[axis])``
+    (``torch.chunk`` may return fewer pieces: the missing ones are empty).
+    """
+    idx = [torch.arange(n) for n in global_shape]
+    for axis, p in enumerate(placements):
+        if type(p).__name__ != "Shard":
+            continue
+        d = p.dim % len(idx)
+        pieces = torch.chunk(idx[d], mesh_shape[axis]) if idx[d].numel() else ()
+        c = coordinate[axis]
+        idx[d] = pieces[c] if c < len(pieces) else idx[d][:0]
+    return idx
+
+
+def assert_coordinate(mesh: Any, *, msg: str = "") -> tuple[int, ...] | None:
+    """This rank's coordinate in ``mesh``, checked against the rank tensor on
+    every axis; returns the reference coordinate."""
+    prefix = f"{msg}: " if msg else ""
+    rank = _rank()
+    grid = mesh.mesh
+    ref = reference_coordinate(grid, rank)
+    got = mesh.get_coordinate()
+    got = None if got is None else tuple(int(c) for c in got)
+    where = f"{prefix}rank {rank} in mesh {grid.tolist()}"
+    if got != ref:
+        raise AssertionError(f"{where}: get_coordinate() is {got}, expected {ref}")
+    if tuple(mesh.shape) != tuple(grid.shape):
+        raise AssertionError(f"{where}: mesh.shape {tuple(mesh.shape)}, "
+                             f"rank tensor {tuple(grid.shape)}")
+    if ref is None:
+        return None
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    ndim = grid.ndim
+    for axis in range(ndim):
+        keys: list[Any] = [axis, axis - ndim]
+        if names:
+            keys.append(names[axis])
+        for key in keys:
+            local = int(mesh.get_local_rank(key))
+            if local != ref[axis]:
+                raise AssertionError(f"{where}: get_local_rank({key!r}) is {local}, "
+                                     f"expected {ref[axis]} (axis {axis})")
+            if int(mesh.size(key)) != grid.shape[axis]:
+                raise AssertionError(f"{where}: size({key!r}) is {mesh.size(key)}, "
+                                     f"expected {grid.shape[axis]}")
+    if ndim == 1 and int(mesh.get_local_rank()) != ref[0]:
+        raise AssertionError(f"{where}: get_local_rank() is {mesh.get_local_rank()}, "
+                             f"expected {ref[0]}")
+    return ref
+
+
+def _pstr(placements: Sequence[Any]) -> str:
+    return "(" + ", ".join(str(p) for p in placements) + ")"
+
+
+def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float | None = None,
+                  atol: float | None = None, equal_nan: bool = True, msg: str = "") -> None:
+    """``dt``'s local block on this rank is the reference block of ``expected``.
+
+    Checks the coordinate (``assert_coordinate``), the local shape, the
+    runtime's offset for this block (dtensor), and, when ``expected`` is given
+    and no axis is ``Partial``, the values (a ``Partial`` block is a piece:
+    only its shape is checked here). A rank outside the mesh must hold an
+    empty local tensor.
+    """
+    from dtensor.testing.asserts import compare_block
+
+    prefix = f"{msg}: " if msg else ""
+    mesh = dt.device_mesh
+    placements = tuple(dt.placements)
+    coord = assert_coordinate(mesh, msg=msg)
+    local = dt.to_local().detach()
+    gshape = tuple(dt.shape)
+    if coord is None:
+        if local.numel() != 0 or local.dtype != dt.dtype:
+            raise AssertionError(
+                f"{prefix}rank {_rank()} is outside {mesh} and must hold an empty "
+                f"{dt.dtype} local tensor, got {tuple(local.shape)} {local.dtype}")
+        return
+    idx = reference_block(gshape, tuple(mesh.shape), placements, coord)
+    shape = tuple(int(i.numel()) for i in idx)
+    offset = tuple(int(i[0]) if i.numel() else 0 for i in idx)
+    where = (f"{prefix}rank {_rank()} (mesh coordinate {coord} of {tuple(mesh.shape)}, "
+             f"placements {_pstr(placements)}, global shape {list(gshape)}) holding global["
+             + ", ".join(f"{o}:{o + s}" for o, s in zip(offset, shape, strict=True)) + "]")
+    if tuple(local.shape) != shape:
+        raise AssertionError(f"{where}: local shape {tuple(local.shape)}, expected {shape} "
+                             "(torch.chunk of each sharded dim at the mesh coordinate)")
+    spec = getattr(dt, "_spec", None)
+    if spec is not None and hasattr(spec, "local_block"):
+        r_shape, r_offset = spec.local_block(coord)
+        bad = [d for d, n in enumerate(shape) if n and r_offset[d] != offset[d]]
+        if tuple(r_shape) != shape or bad:
+            raise AssertionError(f"{where}: the runtime's layout math says shape "
+                                 f"{tuple(r_shape)} at offset {tuple(r_offset)}")
+    if expected is None or any(type(p).__name__ == "Partial" for p in placements):
+        return
+    block = expected.detach()
+    for d, i in enumerate(idx):
+        block = block.index_select(d, i)
+    compare_block(local, block, offset, where, "", rtol, atol, equal_nan)
