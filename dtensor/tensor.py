@@ -13,12 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
-from dtensor import _compile, _persist
+from dtensor import _compile, _local_check, _persist
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh, current_mesh
-from dtensor.mesh import mesh_max as _mesh_max
 from dtensor.placement import (
     Partial,
     Placement,
@@ -180,8 +179,12 @@ class DTensor(torch.Tensor):
 
         Without ``shape`` the global shape is inferred assuming even shards
         (every rank's block as large as this one). Pass ``shape`` for uneven
-        shards. ``run_check=True`` checks, with collectives over the mesh, that
-        every rank's block fits ``shape`` and that replicas agree in shape.
+        shards. ``run_check=True`` (collectives over the mesh; see
+        ``dtensor/_local_check.py``) makes the members agree: the same dtype,
+        dims and arguments, blocks that fit ``shape`` (inferred from all
+        blocks, uneven ones included, when not given), and under
+        ``Replicate`` the values of the first rank on that mesh axis. Bad
+        input raises ``PlacementError`` (a ``ValueError``) on every member.
 
         Example:
             >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape
@@ -191,9 +194,22 @@ class DTensor(torch.Tensor):
         mesh = _resolve_mesh(device_mesh, "from_local")
         if placements is None:
             placements = replicated(mesh)
+        if shape is None and stride is not None:
+            raise PlacementError("from_local: stride given without shape")
+        coord = mesh.get_coordinate()
+        if run_check and coord is not None:
+            if _compile.tracing():
+                raise PlacementError(
+                    "from_local: run_check=True is not supported under torch.compile "
+                    "(it reads a collective's result on the host); check once eagerly"
+                )
+            # Before any check of our own: a rank-dependent error here would
+            # leave the other ranks blocked in the check's collectives.
+            local_tensor, shape = _local_check.run_check(
+                local_tensor, mesh, placements, shape, stride,
+                lambda ps, ndim: _norm(ps, mesh, ndim),
+            )
         if shape is None:
-            if stride is not None:
-                raise PlacementError("from_local: stride given without shape")
             gshape = list(local_tensor.shape)
             for axis, p in enumerate(_norm(placements, mesh, local_tensor.ndim)):
                 if isinstance(p, Shard):
@@ -202,25 +218,17 @@ class DTensor(torch.Tensor):
         shape = tuple(int(s) for s in shape)
         stride = tuple(stride) if stride is not None else contiguous_stride(shape)
         spec = DTensorSpec(mesh, tuple(placements), TensorMeta(shape, stride, local_tensor.dtype))
-        coord = mesh.get_coordinate()
-        if coord is not None:
+        if coord is None:
+            local_tensor = _empty_local(spec, local_tensor.device)
+        elif not run_check and len(shape) == local_tensor.ndim:
             expected, _ = spec.local_block(coord)
-            if run_check and _compile.tracing():
-                raise PlacementError(
-                    "from_local: run_check=True is not supported under torch.compile "
-                    "(it reads a collective's result on the host); check once eagerly"
-                )
-            if run_check:
-                _run_check(local_tensor, spec)
-            elif tuple(local_tensor.shape) != expected and len(shape) == local_tensor.ndim:
+            if tuple(local_tensor.shape) != expected:
                 raise PlacementError(
                     f"from_local: local block of shape {tuple(local_tensor.shape)} does "
                     f"not fit global shape {shape} with {format_placements(spec.placements)} "
                     f"at coordinate {coord}: expected {expected}. Pass the global "
                     "shape= for uneven shards."
                 )
-        else:
-            local_tensor = _empty_local(spec, local_tensor.device)
         if not (local_tensor.requires_grad and torch.is_grad_enabled()):
             return DTensor(local_tensor, spec)
         return _FromLocal.apply(local_tensor, spec)
@@ -281,23 +289,6 @@ def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
     from dtensor.spec import normalize_placements
 
     return normalize_placements(placements, mesh.ndim, ndim)
-
-
-def _run_check(local: torch.Tensor, spec: DTensorSpec) -> None:
-    """Every member checks its block against the spec; all agree on the verdict."""
-    mesh = spec.mesh
-    coord = mesh.get_coordinate()
-    expected, _ = spec.local_block(coord)
-    ok = tuple(local.shape) == expected and local.dtype == spec.dtype
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int64)
-    bad = int(_mesh_max(flag, mesh).item())
-    if bad:
-        raise PlacementError(
-            f"from_local(run_check=True): some rank's block does not fit global shape "
-            f"{spec.shape} with {format_placements(spec.placements)} on {mesh}. "
-            f"This rank (coordinate {coord}) has {tuple(local.shape)} {local.dtype}, "
-            f"expected {expected} {spec.dtype}."
-        )
 
 
 def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
