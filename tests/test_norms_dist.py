@@ -1,0 +1,91 @@
+"""Covers: dtensor/rules/norms.py on Gloo worlds: vector norms of sharded
+tensors (p = 2, 1, 3, 0, -1, inf, -inf; all dims or some, uneven and empty
+shards, NaN on one shard) equal the single-device norms and never gather;
+``_foreach_norm`` sends one all-reduce per group of elements sharded alike."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dtensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
+from dtensor.debug import CommCounter
+
+WORLDS = pytest.mark.parametrize(
+    "n", [pytest.param(n, marks=pytest.mark.world_size(n), id=f"w{n}") for n in (2, 4)]
+)
+ORDS = [2, 1, 3.0, 0, -1.0, math.inf, -math.inf]
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _mesh(n: int) -> DeviceMesh:
+    return DeviceMesh("cpu", list(range(n)))
+
+
+@WORLDS
+@pytest.mark.parametrize("shape", [(64, 32), (3, 5)], ids=["even", "uneven"])
+def test_vector_norm_of_shards_equals_single_device_without_gathering(world, n, shape) -> None:
+    mesh = _mesh(n)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    x[0, 0] = 0.0  # the 0-norm counts non-zeros
+    for placements in ([Shard(0)], [Shard(1)], [Replicate()]):
+        d = distribute_tensor(x, mesh, placements)
+        for p in ORDS:
+            for dim, keepdim in ((None, False), (0, False), (1, True), ((0, 1), False)):
+                want = torch.linalg.vector_norm(x, p, dim, keepdim)
+                with CommCounter() as c:
+                    got = torch.linalg.vector_norm(d, p, dim, keepdim)
+                where = f"{placements} p={p} dim={dim}"
+                assert c["all_gather"] == 0, f"{where}: {c.counts}"
+                assert c.total <= 1, f"{where}: {c.counts}"
+                torch.testing.assert_close(got.full_tensor(), want, **TOL,
+                                           msg=lambda m, where=where: f"{where}: {m}")
+    # torch.norm and Tensor.norm reach the same rule
+    d = distribute_tensor(x, mesh, [Shard(0)])
+    torch.testing.assert_close(d.norm(1).full_tensor(), x.norm(1), **TOL)
+    torch.testing.assert_close(torch.norm(d, dim=1).full_tensor(), torch.norm(x, dim=1), **TOL)
+
+
+@pytest.mark.world_size(4)
+def test_vector_norm_on_a_2d_mesh_and_of_partial_values(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    d = distribute_tensor(x, mesh, [Shard(0), Shard(1)])
+    for p in (2, math.inf, -math.inf, 0):
+        torch.testing.assert_close(torch.linalg.vector_norm(d, p).full_tensor(),
+                                   torch.linalg.vector_norm(x, p), **TOL)
+    got = torch.linalg.vector_norm(d, 2, dim=1)  # dim 0 stays sharded on axis 0
+    assert got.placements == (Shard(0), Replicate())
+    torch.testing.assert_close(got.full_tensor(), torch.linalg.vector_norm(x, 2, dim=1), **TOL)
+    part = distribute_tensor(x, _mesh(4), [Partial()])  # rank 0 holds x, the others 0
+    torch.testing.assert_close(torch.linalg.vector_norm(part, 2).full_tensor(),
+                               torch.linalg.vector_norm(x, 2), **TOL)
+
+
+@WORLDS
+def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
+    x = torch.ones(4 * n)
+    x[-1] = math.nan  # on the last rank only
+    d = distribute_tensor(x, _mesh(n), [Shard(0)])
+    for p in (math.inf, -math.inf, 2):
+        assert torch.isnan(torch.linalg.vector_norm(d, p).full_tensor()), p
+
+
+@WORLDS
+def test_foreach_norm_sends_one_all_reduce_per_group(world, n) -> None:
+    mesh = _mesh(n)
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(8, 6, generator=g), torch.randn(7, generator=g),
+          torch.randn(5, 4, generator=g), torch.randn(3, generator=g), torch.randn(2, 9, generator=g)]
+    layouts = [[Shard(0)], [Shard(0)], [Shard(1)], [Replicate()], [Shard(1)]]
+    ds = [distribute_tensor(x, mesh, pl) for x, pl in zip(xs, layouts, strict=True)]
+    for p in (2.0, 1.0, math.inf, -math.inf, 0.0):
+        want = torch._foreach_norm(xs, p)
+        with CommCounter() as c:
+            got = torch._foreach_norm(ds, p)
+        assert c.counts == {"all_reduce": 1}, (p, c.counts)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert a.placements == (Replicate(),)
+            torch.testing.assert_close(a.full_tensor(), b, **TOL, msg=lambda m, i=i: f"{p} #{i}: {m}")
