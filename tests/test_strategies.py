@@ -222,3 +222,50 @@ def test_cached_meshes_are_per_world(monkeypatch):
     monkeypatch.setattr(_comm, "world_tag", lambda: "another-world.1")
     assert impl.mesh(layout) is not first
     assert layout.build() is not built
+
+
+# -- layout strategies and the per-rank oracle's reference ---------------------------
+def test_named_sub_meshes_reach_reordered_axes_and_3d_parents():
+    from dtensor.testing.meshes import named_sub_meshes
+
+    case = find(named_sub_meshes(world_size=4),
+                lambda c: c.layout.ndim == 2 and c.picked == ("tp", "dp")
+                and c.layout.shape == (2, 2))
+    # mesh["tp", "dp"] of [[0, 1], [2, 3]] is its transpose, for every rank.
+    assert case.sub_grid(3).tolist() == [[0, 2], [1, 3]]
+    deep = find(named_sub_meshes(world_size=4),
+                lambda c: c.layout.ndim == 3 and len(c.picked) == 2
+                and c.names.index(c.picked[0]) > c.names.index(c.picked[1]))
+    assert deep.sub_grid(0).numel() == math.prod(
+        deep.layout.shape[deep.names.index(n)] for n in deep.picked)
+
+
+@pytest.mark.parametrize("kind", ["empty", "one_row", "run", "strided"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_sharded_blocks_reach_their_shape_class(kind, world_size):
+    from dtensor.testing.blocks import sharded_blocks
+
+    @settings(max_examples=40, database=None)
+    @given(sharded_blocks(world_size=world_size, kind=kind, allow_sub_meshes=True))
+    def check(case):
+        assert kind in case.classes(), case
+
+    check()
+
+
+def test_block_classes_and_reference_blocks():
+    from dtensor.testing.blocks import block_class
+    from dtensor.testing.oracle import reference_block, reference_coordinate
+
+    assert block_class((4, 6), (0, 6)) == "empty"
+    assert block_class((4, 6), (1, 6)) == "one_row"
+    assert block_class((4, 6), (2, 6)) == block_class((1, 6), (1, 3)) == "run"
+    assert block_class((4, 6), (2, 3)) == "strided"
+    # Nested uneven sharding follows torch.chunk axis by axis: 5 -> [0,1,2],[3,4]
+    # -> [0,1],[2],[3],[4].
+    pieces = [reference_block((5,), (2, 2), (Shard(0), Shard(0)), (i, j))[0].tolist()
+              for i in range(2) for j in range(2)]
+    assert pieces == [[0, 1], [2], [3], [4]]
+    assert reference_block((3,), (4,), (Shard(0),), (3,))[0].numel() == 0
+    grid = torch.tensor([[2, 0], [3, 1]])
+    assert reference_coordinate(grid, 0) == (0, 1) and reference_coordinate(grid, 5) is None

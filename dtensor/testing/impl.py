@@ -83,6 +83,12 @@ class Impl:
                             f"the whole world ({world} ranks); cannot build {layout}")
         return _mesh(self.name, layout, _world_key())
 
+    def named_mesh(self, layout, names: Sequence[str]) -> Any:
+        """The (cached) CPU mesh of ``layout`` with axis names ``names``."""
+        if not self.sub_meshes:
+            self.mesh(layout)  # skips, as there, a layout that is not the whole world
+        return _named_mesh(self.name, layout, tuple(names), _world_key())
+
     def from_blocks(self, x: torch.Tensor, mesh: Any, ps: Sequence[Placement], *,
                     exact: bool | None = None) -> Any:
         """A DTensor holding ``x`` built from the expected local blocks.
@@ -186,13 +192,21 @@ def _world_key() -> str:
     # layout names different groups in each world, so the cache is per world.
     from dtensor import _comm
 
-    return _comm.world_tag()
+    # And per rank: a simulated world (launch/sim.py) hosts every rank in
+    # this process, and a mesh holds its own rank's coordinate and groups.
+    return f"{_comm.world_tag()}/{_comm.get_rank()}"
 
 
 @functools.lru_cache(maxsize=256)
 def _mesh(name: str, layout, world: str) -> Any:
     impl = get_impl(name)
     return impl.DeviceMesh("cpu", layout.grid())
+
+
+@functools.lru_cache(maxsize=256)
+def _named_mesh(name: str, layout, names: tuple, world: str) -> Any:
+    impl = get_impl(name)
+    return impl.DeviceMesh("cpu", layout.grid(), mesh_dim_names=names)
 
 
 @functools.lru_cache(maxsize=2)

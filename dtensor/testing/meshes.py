@@ -21,7 +21,17 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-__all__ = ["MeshLayout", "check_int", "check_order", "mesh_layouts", "mesh_shapes", "sub_meshes"]
+__all__ = [
+    "AXIS_NAMES",
+    "MeshLayout",
+    "NamedSubMesh",
+    "check_int",
+    "check_order",
+    "mesh_layouts",
+    "mesh_shapes",
+    "named_sub_meshes",
+    "sub_meshes",
+]
 
 
 # Validation -----------------------------------------------------------------
@@ -84,8 +94,9 @@ class MeshLayout:
 def _dtensor_mesh(layout: MeshLayout):
     from dtensor import _comm
 
-    # Per world: the same layout names other groups in another (sub-)world.
-    return _dtensor_mesh_in(layout, _comm.world_tag())
+    # Per world: the same layout names other groups in another (sub-)world;
+    # and per rank, for simulated worlds (all ranks in one process).
+    return _dtensor_mesh_in(layout, f"{_comm.world_tag()}/{_comm.get_rank()}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -195,3 +206,71 @@ def mesh_layouts(
     if not allow_sub_meshes or world_size == 1:
         return full
     return full | sub_meshes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)
+
+
+# Named meshes and their sub-meshes ----------------------------------------------
+#: Axis names drawn for named meshes, in the parent's order.
+AXIS_NAMES = ("dp", "tp", "cp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSubMesh:
+    """A named mesh over the whole world and the axes of a sub-mesh of it.
+
+    ``picked`` lists the sub-mesh's axes in the order asked (``mesh[picked]``),
+    often not the parent's order. ``sub_grid(rank)`` is the reference rank
+    tensor of the sub-mesh holding ``rank``, built element by element from the
+    parent's grid (not by the runtime's slicing and permuting).
+    """
+
+    layout: MeshLayout
+    names: tuple[str, ...]
+    picked: tuple[str, ...]
+
+    def sub_grid(self, rank: int) -> torch.Tensor:
+        grid = self.layout.grid()
+        coord = self.layout.coordinate_of(rank)
+        axes = [self.names.index(n) for n in self.picked]
+        sizes = [self.layout.shape[a] for a in axes]
+        out = torch.empty(sizes, dtype=torch.int64)
+        for idx in itertools.product(*(range(n) for n in sizes)):
+            full = list(coord)
+            for a, i in zip(axes, idx, strict=True):
+                full[a] = i
+            out[idx] = grid[tuple(full)]
+        return out
+
+    def __repr__(self) -> str:
+        return (f"NamedSubMesh({self.layout}, names={self.names}, "
+                f"sub-mesh={list(self.picked)})")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
+        p.text(repr(self))
+
+
+def named_sub_meshes(
+    *,
+    world_size: int,
+    min_ndim: int = 2,
+    max_ndim: int = 3,
+) -> st.SearchStrategy[NamedSubMesh]:
+    """A named mesh over all ``world_size`` ranks and a sub-mesh of some of its
+    axes, in any order (``mesh["tp", "dp"]`` of a ``("dp", "tp")`` mesh).
+
+    Example:
+        >>> named_sub_meshes(world_size=4)   # e.g. (2, 2) dp/tp, sub-mesh ["tp", "dp"]
+    """
+    fn = "named_sub_meshes"
+    check_int(fn, "max_ndim", max_ndim, min_value=1)
+    if max_ndim > len(AXIS_NAMES):
+        raise InvalidArgument(f"{fn}: max_ndim={max_ndim} must be <= {len(AXIS_NAMES)}")
+    shapes = mesh_shapes(world_size=world_size, min_ndim=min_ndim, max_ndim=max_ndim)
+
+    def with_names(shape: tuple[int, ...]) -> st.SearchStrategy[NamedSubMesh]:
+        names = AXIS_NAMES[: len(shape)]
+        layout = MeshLayout(shape, tuple(range(world_size)))
+        return st.permutations(names).flatmap(
+            lambda perm: st.integers(1, len(perm)).map(
+                lambda k: NamedSubMesh(layout, names, tuple(perm[:k]))))
+
+    return shapes.flatmap(with_names)

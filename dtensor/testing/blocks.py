@@ -1,0 +1,136 @@
+"""Shape classes of a rank's block, and a strategy that reaches each one.
+
+Code that fills a block (random ops above all) takes different paths for an
+empty block, a block that is one contiguous run of the global row-major
+order (one full row, a partial row, several full rows, the short last piece
+of an uneven dim) and a strided block (several runs). Generic strategies
+reach some of these rarely; ``sharded_blocks(kind=...)`` builds layouts in
+which at least one rank of the mesh holds a block of ``kind``.
+
+Example:
+    >>> sharded_blocks(world_size=4, kind="run")   # e.g. ((1, 7), S(1) on 4 ranks)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from dtensor.placement import Placement, Replicate, Shard
+from dtensor.testing.meshes import MeshLayout, check_int, mesh_layouts
+from dtensor.testing.oracle import reference_block
+
+__all__ = ["BLOCK_CLASSES", "BlockCase", "block_class", "block_classes", "sharded_blocks"]
+
+#: Shape classes of a block, simplest first.
+BLOCK_CLASSES = ("empty", "one_row", "run", "strided")
+
+
+def block_class(global_shape: Sequence[int], local_shape: Sequence[int]) -> str:
+    """``empty``; ``one_row`` (one full row of a >= 2-D tensor); ``run`` (any
+    other block whose elements are consecutive in row-major order, 0-d and
+    1-D blocks included); ``strided`` (several runs)."""
+    gs, ls = tuple(global_shape), tuple(local_shape)
+    if math.prod(ls) == 0:
+        return "empty"
+    j = len(gs) - 1
+    while j > 0 and ls[j] == gs[j]:
+        j -= 1
+    if any(n != 1 for n in ls[:max(j, 0)]):
+        return "strided"
+    if len(gs) >= 2 and ls[0] == 1 and ls[1:] == gs[1:] and gs[0] > 1:
+        return "one_row"
+    return "run"
+
+
+@dataclass(frozen=True)
+class BlockCase:
+    """A mesh layout, a global shape and placements (dtensor's)."""
+
+    layout: MeshLayout
+    shape: tuple[int, ...]
+    placements: tuple[Placement, ...]
+
+    def classes(self) -> set[str]:
+        """The shape classes of the blocks the mesh's ranks hold."""
+        out = set()
+        for rank in self.layout.ranks:
+            coord = self.layout.coordinate_of(rank)
+            idx = reference_block(self.shape, self.layout.shape, self.placements, coord)
+            out.add(block_class(self.shape, [len(i) for i in idx]))
+        return out
+
+    def __repr__(self) -> str:
+        ps = ", ".join(map(str, self.placements))
+        return f"BlockCase({list(self.shape)}, ({ps}) on {self.layout})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
+        p.text(repr(self))
+
+
+def block_classes(case: BlockCase) -> set[str]:
+    return case.classes()
+
+
+@st.composite
+def _case(draw, world_size: int, kind: str, allow_sub_meshes: bool) -> BlockCase:
+    layout = draw(mesh_layouts(world_size=world_size, allow_sub_meshes=allow_sub_meshes))
+    axes = [a for a, n in enumerate(layout.shape) if n > 1]
+    if not axes:  # a one-rank (sub-)mesh: every block is the whole tensor
+        layout = MeshLayout((world_size,), tuple(range(world_size)))
+        axes = [0]
+    axis = draw(st.sampled_from(axes))
+    n = layout.shape[axis]
+    side = st.integers(0, 4)
+    if kind == "empty":  # fewer elements than pieces: the last coordinates hold none
+        ndim = draw(st.integers(1, 3))
+        dim = draw(st.integers(0, ndim - 1))
+        shape = [draw(side) for _ in range(ndim)]
+        shape[dim] = draw(st.integers(0, n - 1))
+    elif kind == "one_row":  # at most one row per piece, full rows
+        ndim = draw(st.integers(2, 3))
+        dim = 0
+        shape = [draw(st.integers(1, n))] + [draw(st.integers(1, 4)) for _ in range(ndim - 1)]
+        shape[0] = max(shape[0], 2)
+    elif kind == "run":  # leading size-1 dims, or several full rows of an uneven dim
+        ndim = draw(st.integers(1, 3))
+        dim = draw(st.integers(0, ndim - 1))
+        shape = [1] * dim + [draw(st.integers(n + 1, 3 * n + 1))]
+        shape += [draw(st.integers(1, 3)) for _ in range(ndim - dim - 1)]
+    elif kind == "strided":  # several rows, part of each
+        ndim = draw(st.integers(2, 3))
+        dim = draw(st.integers(1, ndim - 1))
+        shape = [draw(st.integers(2, 4)) for _ in range(ndim)]
+        shape[dim] = draw(st.integers(n, 3 * n + 1))
+    else:
+        raise InvalidArgument(f"sharded_blocks: kind={kind!r} must be one of {BLOCK_CLASSES}")
+    ps: list[Placement] = []
+    for a in range(layout.ndim):
+        if a == axis:
+            ps.append(Shard(dim))
+        elif kind != "empty":
+            ps.append(Replicate())  # another cut could change the block's class
+        else:
+            ps.append(draw(st.sampled_from([Replicate(), Shard(dim)])))
+    return BlockCase(layout, tuple(shape), tuple(ps))
+
+
+def sharded_blocks(*, world_size: int, kind: str,
+                   allow_sub_meshes: bool = False) -> st.SearchStrategy[BlockCase]:
+    """Layouts where some rank of the mesh holds a block of shape class ``kind``.
+
+    Args:
+        world_size: ranks of the test's world (>= 2).
+        kind: one of ``BLOCK_CLASSES``.
+        allow_sub_meshes: also meshes that leave ranks out.
+    """
+    fn = "sharded_blocks"
+    check_int(fn, "world_size", world_size, min_value=2)
+    if kind not in BLOCK_CLASSES:
+        raise InvalidArgument(f"{fn}: kind={kind!r} must be one of {BLOCK_CLASSES}")
+    return _case(world_size, kind, allow_sub_meshes)
