@@ -51,9 +51,13 @@ _funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _tracing = torch.compiler.is_compiling
 
-# id(default group) -> (default group, {ranks: group}). Holding the default
-# group keeps its id from being reused by a later world's group.
-_groups: dict[int, tuple[object, dict[tuple[int, ...], object]]] = {}
+# id(default group) -> (default group, {ranks: group}, lock). Holding the
+# default group keeps its id from being reused by a later world's group.
+# Per world, since a rank's default group is its own: ranks sharing a
+# process (a simulated world, launch/sim*.py) each have theirs, and one
+# rank's group creation (a store barrier with its peers) must not hold a
+# lock the peers need to reach that barrier.
+_groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock]] = {}
 _groups_lock = threading.Lock()
 _counters: list[Counter] = []
 
@@ -141,7 +145,8 @@ def group_for(ranks: Sequence[int]):
     with _groups_lock:
         entry = _groups.get(id(world))
         if entry is None or entry[0] is not world:
-            entry = _groups[id(world)] = (world, {})
+            entry = _groups[id(world)] = (world, {}, threading.Lock())
+    with entry[2]:
         group = entry[1].get(ranks)
         if group is None:
             group = entry[1][ranks] = _create_group(ranks)

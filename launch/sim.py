@@ -1,0 +1,278 @@
+"""A simulated world: n ranks as n threads of this process.
+
+The transport is PyTorch's threaded process group
+(``torch.testing._internal.distributed.multi_threaded_pg``): every rank
+thread joins a ``"threaded"`` default group of its own, so
+``dist.get_rank()``, ``dist.group.WORLD`` and every group a mesh creates
+are that rank's, while a collective hands tensors between threads (no
+sockets, no process switches). Writing a transport of our own would only
+duplicate it.
+
+What is per rank: the c10d world (thread-local under the threaded group),
+and the runtime's per-rank state (``dtensor._rank_state``). What is shared:
+the interpreter, torch's default generator and Python's ``random`` (seeded
+once per test by the service, not per rank), caches that do not depend on
+the rank, and the GIL (ranks take turns; nothing overlaps in time).
+
+A world keeps its threads for the session (one world per size, like the
+real worlds of ``launch.parent``). ``run(fn)`` calls ``fn(rank)`` on every
+rank and returns each rank's ``Outcome``. A rank that raises releases the
+others from any collective they wait in (they see a ``SimAbort``), and a
+rank that is still running when the deadline passes is reported as hung;
+either way the world is then reset (or, if a thread never came back,
+abandoned) before the next call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Outcome", "SimAbort", "SimWorld", "entered", "world"]
+
+
+class SimAbort(Exception):
+    """A rank was released from a collective because another rank failed or hung."""
+
+
+@dataclass
+class Outcome:
+    """What ``fn(rank)`` did on one rank: returned ``value`` or raised ``error``
+    (``hung`` when it had not returned by the deadline)."""
+
+    rank: int
+    value: Any = None
+    error: BaseException | None = None
+    hung: bool = False
+    aborted: bool = False  # released from a collective by another rank's failure
+
+
+_lock = threading.Lock()
+_depth = 0
+_saved_world: Any = None
+
+
+def _enter() -> None:
+    """Route c10d through per-thread worlds (process-wide; undone by ``_exit``)."""
+    global _depth, _saved_world
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed import multi_threaded_pg as mtpg
+
+    with _lock:
+        _depth += 1
+        if _depth > 1:
+            return
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        _saved_world = dist.distributed_c10d._world
+        # Installed by hand (not mtpg._install_threaded_pg) so that leaving
+        # restores exactly what was there, and autograd's device threads stay
+        # on: the ranks call backward() from their own threads.
+        dist.distributed_c10d._world = mtpg.ThreadLocalWorld()
+        if mtpg.ReduceScatter is not _ReduceScatter:
+            _ReduceScatter.ops = mtpg._reduce_ops
+            mtpg.ReduceScatter = _ReduceScatter
+
+
+def _exit() -> None:
+    global _depth
+    import torch
+    import torch.distributed as dist
+
+    with _lock:
+        _depth -= 1
+        if _depth > 0:
+            return
+        dist.distributed_c10d._world = _saved_world
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+
+
+class _ReduceScatter:
+    """The threaded group's reduce-scatter for every reduce op it all-reduces
+    with (its own takes SUM and AVG only; Gloo also takes MIN, MAX, PRODUCT,
+    which a redistribute of ``Partial(max)`` to ``Shard`` uses)."""
+
+    ops: dict = {}
+
+    def __init__(self, op: Any) -> None:
+        op = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType
+        if op not in self.ops:
+            raise NotImplementedError(f"simulated reduce_scatter does not support {op}")
+        self.op = op
+
+    def work(self, data: list) -> None:
+        import torch
+
+        with torch.no_grad():
+            for i, (out, _) in enumerate(data):
+                if len(out) != 1 or any(len(d[1]) != 1 for d in data):
+                    raise AssertionError("simulated reduce_scatter takes one tensor per rank")
+                pieces = [d[1][0][i].to(out[0].device) for d in data]
+                out[0].detach().copy_(self.ops[self.op](pieces))
+
+
+class entered:
+    """``with entered():`` c10d calls on rank threads reach their own worlds."""
+
+    def __enter__(self) -> entered:
+        _enter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _exit()
+
+
+_STOP = object()
+
+
+class SimWorld:
+    """n rank threads sharing one store; see the module docstring.
+
+    Example::
+
+        w = SimWorld(4)
+        with entered():
+            outs = w.run(lambda rank: dist.get_rank())
+        assert [o.value for o in outs] == [0, 1, 2, 3]
+    """
+
+    _generation = 0
+
+    def __init__(self, n: int, rank_init: Callable[[int, int], Any] | None = None) -> None:
+        if n < 1:
+            raise ValueError(f"SimWorld: n must be >= 1, got {n}")
+        SimWorld._generation += 1
+        self.n = n
+        self.rank_init = rank_init  # called as rank_init(rank, n) on each rank thread
+        self.tag = f"sim{SimWorld._generation}"
+        self.broken: str | None = None
+        self._inbox: list[queue.Queue] = [queue.Queue() for _ in range(n)]
+        self._outbox: queue.Queue = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    # -- threads --------------------------------------------------------------
+    def _start(self) -> None:
+        import torch.distributed as dist
+
+        store = dist.HashStore()
+        for r in range(self.n):
+            t = threading.Thread(target=self._serve, args=(r, store), daemon=True,
+                                 name=f"{self.tag}-rank{r}")
+            self._threads.append(t)
+            t.start()
+        self._started = True
+
+    def _serve(self, rank: int, store: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        init_error: BaseException | None = None
+        try:
+            dist.init_process_group("threaded", rank=rank, world_size=self.n, store=store)
+        except BaseException as e:  # reported with the first task
+            init_error = e
+        if init_error is None and self.rank_init is not None:
+            try:
+                self.rank_init(rank, self.n)
+            except BaseException as e:
+                init_error = e
+        while True:
+            task = self._inbox[rank].get()
+            if task is _STOP:
+                break
+            seq, fn = task
+            out = Outcome(rank)
+            if init_error is not None:
+                out.error = init_error
+            else:
+                try:
+                    out.value = fn(rank)
+                except SystemExit as e:  # the threaded group's release of waiters
+                    out.aborted, out.error = True, SimAbort(str(e))
+                except Exception as e:
+                    out.error = e
+                    self._release(e)
+                except BaseException as e:  # a skip: the others are not waiting for it
+                    out.error = e
+            self._outbox.put((seq, out))
+        dist.destroy_process_group()
+
+    @staticmethod
+    def _release(exc: BaseException) -> None:
+        """Wake every rank waiting in a collective (they exit it with SimAbort)."""
+        from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
+
+        ProcessLocalGroup.exception_handle(exc)
+
+    # -- running ----------------------------------------------------------------
+    _seq = 0
+
+    def run(self, fn: Callable[[int], Any], timeout: float = 300.0) -> list[Outcome]:
+        """``fn(rank)`` on every rank; each rank's outcome, in rank order."""
+        from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
+
+        if self.broken:
+            raise RuntimeError(f"simulated {self.n}-rank world is broken: {self.broken}")
+        if not self._started:
+            self._start()
+        SimWorld._seq += 1
+        seq = SimWorld._seq
+        for q in self._inbox:
+            q.put((seq, fn))
+        outs: dict[int, Outcome] = {}
+        deadline = time.monotonic() + timeout
+        released = False
+        while len(outs) < self.n:
+            left = deadline - time.monotonic()
+            if left <= 0 and not released:
+                # Release the waiters; give them a moment to come back.
+                self._release(TimeoutError("simulated world deadline"))
+                released, deadline = True, time.monotonic() + 10.0
+                continue
+            if left <= 0:
+                break
+            try:
+                s, out = self._outbox.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if s == seq:
+                outs[out.rank] = out
+        missing = [r for r in range(self.n) if r not in outs]
+        for r in missing:
+            outs[r] = Outcome(r, error=TimeoutError(
+                f"rank {r} of the simulated {self.n}-rank world did not finish within "
+                f"{timeout:.0f}s"), hung=True)
+        if released:
+            for o in outs.values():
+                if o.aborted:
+                    o.hung = True
+        if missing:
+            # A thread stuck outside any collective cannot be stopped: abandon it.
+            self.broken = f"rank(s) {missing} never returned from a test"
+        ProcessLocalGroup.reset()
+        return [outs[r] for r in range(self.n)]
+
+    def close(self) -> None:
+        if self._started and not self.broken:
+            for q in self._inbox:
+                q.put(_STOP)
+            for t in self._threads:
+                t.join(timeout=5)
+        self._started = False
+
+
+_worlds: dict[int, SimWorld] = {}
+
+
+def world(n: int, rank_init: Callable[[int, int], Any] | None = None) -> SimWorld:
+    """The session's simulated world of ``n`` ranks (a fresh one if it broke)."""
+    w = _worlds.get(n)
+    if w is None or w.broken:
+        w = _worlds[n] = SimWorld(n, rank_init)
+    return w

@@ -1,0 +1,234 @@
+"""Simulated mode (``pytest --dist-sim``): ``world_size(n)`` tests run with n
+ranks as n threads of this process (``launch.sim``), not n processes.
+
+Unmarked tests run as usual. For a marked test, setup and teardown (fixtures)
+run once on the main thread, which is no rank; the test function itself runs
+on every rank thread, each with its own ``world`` (rank, size, group). A
+``@given`` test runs in lockstep (``launch.sim_lockstep``). The ranks'
+outcomes are combined as in a real world: all pass, or the test fails with
+every failing rank's error, or all skip.
+
+Where it runs: plain ``pytest`` and each pytest-xdist worker (``-n 2``: each
+worker hosts the simulated worlds of the tests it gets). Not under torchrun:
+a simulated world lives in one process, so ``--dist-sim`` there is a usage
+error (run plain ``pytest --dist-sim``).
+
+A failure prints two ``Replay:`` lines, simulated and real (``torchrun`` at
+the same world size). ``--dist-sim-confirm`` re-runs each simulated failure
+on a real world of that size (up to ``--dist-sim-confirm-max`` ranks) before
+reporting it: a failure the real world does not reproduce is labelled a
+simulator fault.
+
+The ``dist_sim_rank_init`` ini option names a ``module:function`` called as
+``function(rank, size)`` on every rank thread when it starts, where a runtime
+makes its per-rank state per thread (this repository: ``dtensor._rank_state:
+enter_rank``). The service itself never imports the runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from launch import sim
+from launch.world import World, timeout_of, world_size_of
+
+__all__ = ["SimMode", "add_options"]
+
+CONFIRM_ENV = "LAUNCH_SIM_CONFIRMING"  # set in the real-world re-run of a failure
+
+
+def add_options(parser: pytest.Parser) -> None:
+    g = parser.getgroup("launch")
+    g.addoption("--dist-sim", action="store_true", default=False,
+                help="run world_size(n) tests with n ranks as threads of this process "
+                     "(PyTorch's threaded process group) instead of n processes")
+    g.addoption("--dist-sim-confirm", action="store_true", default=False,
+                help="re-run each simulated failure on a real world of the same size "
+                     "before reporting it (labels simulator faults)")
+    g.addoption("--dist-sim-confirm-max", type=int, default=8,
+                help="largest real world --dist-sim-confirm launches (default 8)")
+    parser.addini("dist_sim_rank_init", default="",
+                  help="module:function called as function(rank, size) on each "
+                       "simulated rank thread (per-rank runtime state)")
+
+
+class SimMode:
+    ranks_here = False  # the process is no rank: only world_size tests are distributed
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        spec = config.getini("dist_sim_rank_init")
+        self.rank_init = _load(spec) if spec else None
+        self.seed = config.getoption("dist_seed")
+        self.sizes: set[int] = set()
+
+    def world_for(self, n: int | None) -> World:
+        # The main thread is no rank; the test's ranks get theirs in _call.
+        import torch.distributed as dist
+
+        if n is not None and dist.is_initialized():
+            return World(dist.get_rank(), n, tuple(range(n)), dist.group.WORLD)
+        return World(0, n or 1, tuple(range(n or 1)), None)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        n = world_size_of(pyfuncitem)
+        if n is None:
+            return None
+        self._call(pyfuncitem, n)
+        return True
+
+    def _call(self, item: pytest.Function, n: int) -> None:
+        __tracebackhide__ = True
+        import torch
+
+        self.sizes.add(n)
+        names = item._fixtureinfo.argnames
+        base = {k: item.funcargs[k] for k in names}
+        timeout = timeout_of(item, self.config.getoption("dist_timeout"))
+        fn = getattr(item.obj, "__func__", item.obj)
+        given = getattr(fn, "is_hypothesis_test", False) and n > 1
+        # Python's and torch's generators are the process's, shared by the
+        # ranks: seeded once here, as a real world seeds each rank's.
+        random.seed(self.seed)
+        torch.manual_seed(self.seed)
+        w = sim.world(n, self.rank_init)
+        lock = None
+        if given:
+            from launch.sim_lockstep import SimLockstep
+
+            lock = SimLockstep(item, n, timeout, replay=self.replay(item, n))
+
+        def body(rank: int) -> Any:
+            import torch.distributed as dist
+
+            kw = dict(base)
+            if "world" in kw:
+                kw["world"] = World(rank, n, tuple(range(n)), dist.group.WORLD)
+            if lock is not None:
+                return lock.call_on_rank(rank, lambda: item.obj(**kw))
+            return item.obj(**kw)
+
+        with sim.entered():
+            if lock is not None:
+                with lock:
+                    outs = w.run(body, timeout)
+            else:
+                outs = w.run(body, timeout)
+        self._combine(item, n, outs)
+
+    def _combine(self, item: pytest.Item, n: int, outs: list[sim.Outcome]) -> None:
+        __tracebackhide__ = True
+        from _pytest.outcomes import Skipped
+
+        errors = [o for o in outs if o.error is not None]
+        if not errors:
+            return
+        skips = [o for o in errors if isinstance(o.error, Skipped)]
+        if len(skips) == n:
+            raise skips[0].error
+        real = [o for o in errors if not o.aborted and not isinstance(o.error, Skipped)]
+        first = (real or errors)[0]
+        lines = [f"simulated {n}-rank world: failed on rank(s) "
+                 f"{[o.rank for o in real] or [o.rank for o in errors]} of {n}"]
+        for o in errors:
+            if o is first or type(o.error).__name__ == "SimRankFailure":
+                continue  # lockstep raised the same failure on every rank
+            why = ("hung (no return by the deadline)" if o.hung else
+                   "released from a collective after another rank failed" if o.aborted else
+                   f"{type(o.error).__name__}: {o.error}"[:300])
+            lines.append(f"  rank {o.rank}: {why}")
+        if skips and len(skips) < n:
+            lines.append(f"  skipped on rank(s) {[o.rank for o in skips]} only: a skip must "
+                         "happen on every rank")
+        if not any(ln.startswith("Replay:") for ln in str(first.error).splitlines()):
+            lines.append(self.replay(item, n))
+        lines.append(self.real_replay(item, n))
+        if self.config.getoption("dist_sim_confirm") and not os.environ.get(CONFIRM_ENV):
+            lines.append(self.confirm(item, n))
+        err = first.error
+        if isinstance(err, Skipped):
+            raise AssertionError("\n".join(lines))
+        for ln in lines:
+            err.add_note(ln)
+        raise err
+
+    # -- replay and confirmation ------------------------------------------------
+    def _extra(self) -> list[str]:
+        config = self.config
+        hook = getattr(config.hook, "pytest_lockstep_replay_args", None)
+        extra = [w for ws in hook(config=config) for w in ws] if hook is not None else []
+        profile = config.getoption("hypothesis_profile", None)
+        if profile:
+            extra.append(f"--hypothesis-profile={profile}")
+        return extra
+
+    def replay(self, item: pytest.Item, n: int) -> str:
+        extra = self._extra()
+        env = [w for w in extra if "=" in w and not w.startswith("-")]
+        rest = [w for w in extra if w not in env]
+        return " ".join(["Replay:", *env, "pytest", "--dist-sim", f"'{item.nodeid}'", *rest])
+
+    def real_replay(self, item: pytest.Item, n: int) -> str:
+        extra = self._extra()
+        env = [w for w in extra if "=" in w and not w.startswith("-")]
+        rest = [w for w in extra if w not in env]
+        return " ".join(["Replay (real world):", *env, "torchrun", f"--nproc_per_node={n}",
+                         "-m", "pytest", f"'{item.nodeid}'", *rest])
+
+    def confirm(self, item: pytest.Item, n: int) -> str:
+        """Re-run ``item`` on a real n-rank world; a line saying what it found."""
+        cap = self.config.getoption("dist_sim_confirm_max")
+        if n > cap:
+            return (f"Confirmation: not attempted (a real {n}-rank world is over "
+                    f"--dist-sim-confirm-max={cap}); unconfirmed simulated failure")
+        extra = self._extra()
+        env = dict(os.environ, **{CONFIRM_ENV: "1"})
+        for w in extra:
+            if "=" in w and not w.startswith("-"):
+                k, v = w.split("=", 1)
+                env[k] = v
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "--dist-timeout", str(self.config.getoption("dist_timeout")),
+               item.nodeid, *[w for w in extra if w.startswith("-")]]
+        try:
+            out = subprocess.run(cmd, cwd=self.config.rootpath, env=env, capture_output=True,
+                                 text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return f"Confirmation: the real {n}-rank re-run timed out (600 s)"
+        if out.returncode == 1:
+            return f"Confirmation: reproduced on a real {n}-rank world (a runtime bug)"
+        if out.returncode == 0:
+            return (f"Confirmation: SIMULATOR FAULT? the real {n}-rank world passes "
+                    "this test; the failure may be the simulation's, not the runtime's")
+        tail = (out.stdout + out.stderr).strip().splitlines()[-3:]
+        return f"Confirmation: the real re-run could not decide (exit {out.returncode}): " + \
+            " | ".join(tail)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.sizes:
+            sizes = ", ".join(str(n) for n in sorted(self.sizes))
+            terminalreporter.write_line(
+                f"launch: simulated worlds of {sizes} ranks (threads of this process)")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        for w in list(sim._worlds.values()):
+            with sim.entered():
+                w.close()
+
+
+def _load(spec: str) -> Any:
+    mod, _, name = spec.partition(":")
+    if not name:
+        raise pytest.UsageError(f"dist_sim_rank_init = {spec!r}: expected module:function")
+    try:
+        return getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e:
+        raise pytest.UsageError(f"dist_sim_rank_init = {spec!r}: {e}") from None

@@ -1,0 +1,128 @@
+"""Covers: launch/sim.py (ranks as threads over the threaded process group) and
+the runtime's per-rank state (dtensor/_rank_state.py, meshes keyed by rank,
+dtensor/_comm.py's per-world group cache) in such a world."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from launch.sim import SimAbort, SimWorld, entered
+
+pytestmark = pytest.mark.skipif(
+    "RANK" in os.environ, reason="a simulated world swaps this process's c10d world; "
+    "not inside a rank of a real world")
+
+
+def _run(w: SimWorld, fn, timeout: float = 120.0):
+    with entered():
+        return w.run(fn, timeout)
+
+
+def test_each_thread_is_its_own_rank_and_a_failure_releases_the_others() -> None:
+    w = SimWorld(4)
+    try:
+        outs = _run(w, lambda r: (dist.get_rank(), dist.get_world_size()))
+        assert [o.value for o in outs] == [(r, 4) for r in range(4)]
+
+        def one_fails(rank: int) -> float:
+            t = torch.ones(1)
+            if rank == 2:
+                raise ValueError("rank 2 fails before the all_reduce")
+            dist.all_reduce(t)
+            return t.item()
+
+        outs = _run(w, one_fails, timeout=60)
+        assert isinstance(outs[2].error, ValueError)
+        assert all(o.aborted and isinstance(o.error, SimAbort) for o in outs if o.rank != 2)
+        # The world is usable again afterwards.
+        def reduce(rank: int) -> float:
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            return t.item()
+
+        assert [o.value for o in _run(w, reduce)] == [4.0] * 4
+    finally:
+        with entered():
+            w.close()
+
+
+def test_reduce_scatter_max_in_a_simulated_world() -> None:
+    # PyTorch's threaded group reduce-scatters with SUM/AVG only; launch.sim
+    # adds the other ops (Partial(max) -> Shard needs MAX).
+    from dtensor import _comm
+
+    w = SimWorld(2)
+    try:
+        outs = _run(w, lambda r: _comm.reduce_scatter(
+            torch.tensor([1.0, 5.0]) * (r + 1), "max", 0, dist.group.WORLD).tolist())
+        assert [o.error for o in outs] == [None, None]
+        assert [o.value for o in outs] == [[2.0], [10.0]]
+    finally:
+        with entered():
+            w.close()
+
+
+@pytest.mark.parametrize("n", [4, 16])
+def test_dtensor_layouts_in_a_simulated_world(n: int) -> None:
+    # Red before meshes compared their rank (a cached spec handed rank 0's mesh,
+    # hence rank 0's block, to every rank) and before the group cache locked
+    # per world (one rank creating a group held the lock its peers needed).
+    from dtensor import DeviceMesh, Replicate, Shard, distribute_tensor
+    from dtensor._rank_state import enter_rank
+
+    w = SimWorld(n, enter_rank)
+
+    def body(rank: int):
+        x = torch.arange(70.0).reshape(14, 5)
+        got = []
+        for shape in [(n,), (2, n // 2), (2, 2, n // 4)]:
+            mesh = DeviceMesh("cpu", torch.arange(n).reshape(shape))
+            rest = [Replicate()] * (len(shape) - 1)
+            d = distribute_tensor(x, mesh, [Shard(0), *rest])
+            expect = x.chunk(shape[0])[mesh.get_coordinate()[0]] \
+                if mesh.get_coordinate()[0] < len(x.chunk(shape[0])) else x[:0]
+            assert torch.equal(d.to_local(), expect), (rank, shape)
+            full = d.redistribute(mesh, [Replicate()] * len(shape)).to_local()
+            assert torch.equal(full, x), (rank, shape)
+            got.append(torch.add(d, d).full_tensor().sum().item())
+        return got
+
+    try:
+        outs = _run(w, body, timeout=120)
+        errors = {o.rank: repr(o.error) for o in outs if o.error is not None}
+        assert not errors, errors
+        assert all(o.value == [2 * float(torch.arange(70.0).sum())] * 3 for o in outs)
+    finally:
+        with entered():
+            w.close()
+
+
+def test_random_state_is_per_rank_and_replicas_agree() -> None:
+    # Every rank thread draws from its own generator state: replicas of
+    # dtensor.rand agree, and no rank advances another's offset.
+    import dtensor
+    from dtensor import DeviceMesh, Replicate
+    from dtensor._rank_state import enter_rank
+
+    w = SimWorld(4, enter_rank)
+
+    def body(rank: int):
+        dtensor.manual_seed(5)
+        mesh = DeviceMesh("cpu", torch.arange(4))
+        a = dtensor.rand(4, 3, device_mesh=mesh, placements=[Replicate()]).to_local()
+        b = dtensor.rand(4, 3, device_mesh=mesh, placements=[Replicate()]).to_local()
+        return a.sum().item(), b.sum().item(), dtensor.random.get_rng_state().offset
+
+    try:
+        outs = _run(w, body)
+        errors = {o.rank: repr(o.error) for o in outs if o.error is not None}
+        assert not errors, errors
+        assert len({o.value for o in outs}) == 1, [o.value for o in outs]
+        assert outs[0].value[0] != outs[0].value[1]
+    finally:
+        with entered():
+            w.close()
