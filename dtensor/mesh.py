@@ -136,7 +136,12 @@ class DeviceMesh:
         # The world is part of a mesh's identity: equal ranks in another world
         # (a re-initialised or swapped-in world) are other processes' groups.
         self._world = _comm.world_tag()
-        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names, self._world))
+        # The rank too: several ranks may share a process (a simulated world,
+        # launch/sim*.py), and a mesh carries its rank's coordinate and groups,
+        # so caches keyed by meshes (specs, plans) must not hand one rank's
+        # mesh to another. Constant per process otherwise.
+        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names, self._world,
+                           self._rank))
         if self._rank in ranks:
             flat = ranks.index(self._rank)
             self._coordinate = tuple(
@@ -292,6 +297,7 @@ class DeviceMesh:
             and self._ranks == other._ranks
             and self.mesh_dim_names == other.mesh_dim_names
             and self._world == other._world
+            and self._rank == other._rank
         )
 
     def __setattr__(self, name: str, value) -> None:

@@ -56,6 +56,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dist-start-after", default=None, metavar="NODEID",
                 help="deselect the collected tests up to and including NODEID "
                      "(resumes a run that a hang or a dead rank stopped)")
+    from launch.sim_mode import add_options  # --dist-sim: simulated worlds
+
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +78,9 @@ def pytest_configure(config: pytest.Config) -> None:
         mode: object = Server(config)
         os.environ[RANK_PID_ENV] = str(os.getpid())
     elif _under_torchrun() and not nested:
+        if config.getoption("dist_sim", False):
+            raise pytest.UsageError("--dist-sim runs simulated worlds inside one process; "
+                                    "run it under plain pytest, not torchrun")
         from launch.lockstep import Lockstep
 
         mode = Lockstep(config)
@@ -82,9 +88,14 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         if _is_xdist_controller(config):
             return
-        from launch.parent import Parent
+        if config.getoption("dist_sim", False):
+            from launch.sim_mode import SimMode
 
-        mode = Parent(config)
+            mode = SimMode(config)
+        else:
+            from launch.parent import Parent
+
+            mode = Parent(config)
     config.pluginmanager.register(mode, "launch-mode")
 
 
@@ -112,7 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=items[:k])
         items[:] = items[k:]
     mode = config.pluginmanager.get_plugin("launch-mode")
-    everywhere = mode is not None and type(mode).__name__ != "Parent"
+    everywhere = mode is not None and type(mode).__name__ not in ("Parent", "SimMode")
     claim_timeouts(config, items, lambda it: everywhere or world_size_of(it) is not None)
     if any(it.get_closest_marker("cuda") for it in items):
         why = _no_cuda_reason(everywhere)
