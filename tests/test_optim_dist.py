@@ -166,3 +166,51 @@ def test_meta_init_to_empty_reset_parameters(world, n, style) -> None:
     out = lin(dx)
     full = out if style == "rowwise" else DTensor.from_local(out, mesh, [Shard(1)]).full_tensor()
     torch.testing.assert_close(full, torch.nn.functional.linear(x, want_w, want_b), **TOL)
+
+
+@WORLDS
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_clip_grad_norm_default_flags_one_scalar_all_reduce(world, n, norm_type) -> None:
+    """foreach=None (the default) takes the foreach path for DTensors: the
+    S(0)/S(1) gradients' norms are combined by one all-reduce, nothing is
+    gathered, and the gradients equal single-device clipping."""
+    from dtensor.debug import CommCounter
+
+    ref, model = _pair(n)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
+    _loss(ref, x).backward()
+    _loss(model, x).backward()
+    placements = {p.grad.placements for p in model.parameters()}
+    assert {(Shard(0),), (Shard(1),), (Replicate(),)} <= placements  # mixed
+    want = nn.utils.clip_grad_norm_(ref.parameters(), 0.01, norm_type=norm_type)
+    with CommCounter() as c:
+        got = nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type=norm_type)
+    assert c.counts == {"all_reduce": 1}, c.counts
+    torch.testing.assert_close(_full(got), want, **TOL)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert p.grad.placements == p.placements, name
+        torch.testing.assert_close(_full(p.grad), q.grad, **TOL,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    with CommCounter() as c:
+        nn.utils.clip_grad_value_(model.parameters(), 1e-3)
+        nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    nn.utils.clip_grad_value_(ref.parameters(), 1e-3)
+    assert c["all_gather"] == 0 and c.total == 1, c.counts
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(_full(p.grad), q.grad, **TOL)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_foreach_optimizer_step_never_communicates(world, name) -> None:
+    from dtensor.debug import CommCounter
+
+    ref, model = _pair(2)
+    opt = OPTIMIZERS[name](model.parameters(), True)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(4))
+    for _ in range(2):
+        _loss(model, x).backward()
+        with CommCounter() as c:
+            opt.step()
+        opt.zero_grad()
+        assert c.total == 0, c.counts

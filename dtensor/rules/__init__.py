@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.rules import matmul, nn, norms, pointwise, reduction, tensor_ops, view
+from dtensor.rules import (
+    foreach,
+    matmul,
+    nn,
+    norms,
+    pointwise,
+    reduction,
+    tensor_ops,
+    view,
+)
 from dtensor.sharding import registered_rule
 
 __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
-for _family in (pointwise, tensor_ops, reduction, matmul, view, nn, norms):
+for _family in (pointwise, tensor_ops, reduction, matmul, view, nn, norms, foreach):
     RULES.update(_family.RULES)
 
 

@@ -1,0 +1,145 @@
+"""Pointwise ``_foreach_*`` ops (what ``torch.optim`` and ``clip_grad_*`` call):
+one rule for the whole list, decided element by element.
+
+Element ``i`` of a foreach call is the ``i``-th member of every ``Tensor[]``
+argument, plus the arguments shared by all elements (a ``Tensor`` such as
+the clip coefficient of ``_foreach_mul_.Tensor``, scalars). Where an
+element's members share one layout and shape (parameters, gradients and
+optimizer states always do), the op runs on the local pieces as they are and
+each result keeps that layout: a whole optimizer update never communicates.
+Otherwise the element's members are brought to its first member's layout,
+with partial values reduced (scaling by a scalar is linear and keeps them),
+and members whose shapes differ (broadcasting) are replicated. A shared
+tensor must be replicated (it meets every element).
+
+``_foreach_norm`` and ``_foreach_max`` reduce: see ``norms.py``
+(``_foreach_max`` has no rule and takes the replicate fallback).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.placement import Partial, Replicate, is_linear_partial, partial_to_replicate
+from dtensor.sharding import Sharding
+
+__all__ = ["RULES", "foreach_rule"]
+
+aten = torch.ops.aten
+
+# Scaling every element by a scalar (or a replicated 0-d tensor) is linear, so
+# partial sums may stay partial.
+_SCALING_PACKETS = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_",
+                    "_foreach_neg", "_foreach_neg_"}
+
+
+def _operand(x) -> bool:
+    """An operand in the key form of the arguments (a spec, or a plain key)."""
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
+
+
+def _layout(func):
+    """Per argument: 'list' (Tensor[]), 'one' (Tensor) or None, by schema."""
+    kinds = {}
+    for a in func._schema.arguments:
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+            kinds[a.name] = "list"
+        elif isinstance(t, torch.TensorType):
+            kinds[a.name] = "one"
+    return kinds
+
+
+_layouts: dict = {}
+
+
+def _columns(call):
+    """(lists, shared): operand indices per ``Tensor[]`` argument (one tuple per
+    list, in argument order) and the indices of shared ``Tensor`` operands.
+
+    Operands are numbered as dispatch flattens them: positional arguments,
+    then keyword arguments, lists member by member.
+    """
+    func = call.func
+    kinds = _layouts.get(func)
+    if kinds is None:
+        kinds = _layouts[func] = _layout(func)
+    names = [a.name for a in func._schema.arguments]
+    items = [(names[i] if i < len(names) else None, v) for i, v in enumerate(call.args)]
+    items += list(call.kwargs.items())
+    lists, shared = [], []
+    k = 0
+    for name, v in items:
+        kind = kinds.get(name)
+        if isinstance(v, tuple):
+            idx = []
+            for x in v:
+                if _operand(x):
+                    idx.append(k)
+                    k += 1
+            if kind == "list":
+                lists.append(tuple(idx))
+            else:
+                shared.extend(idx)
+        elif _operand(v):
+            shared.append(k)
+            k += 1
+    return lists, shared
+
+
+def foreach_rule(call):
+    specs = call.specs
+    lists, shared = _columns(call)
+    if not lists or any(len(col) != len(lists[0]) for col in lists):
+        return None
+    scaling = call.func.overloadpacket.__name__ in _SCALING_PACKETS
+    want: list = [None] * len(specs)
+    outs, shapes = [], []
+    for i in range(len(lists[0])):
+        members = [col[i] for col in lists]
+        first = specs[members[0]]
+        same = all(specs[j].shape == first.shape for j in members)
+        if same:
+            target = first.placements
+            if any(isinstance(p, Partial) for p in target) and not (
+                scaling and all(is_linear_partial(p) or not isinstance(p, Partial)
+                                for p in target)
+            ):
+                target = partial_to_replicate(target)
+        else:
+            target = (Replicate(),) * first.mesh.ndim
+        for j in members:
+            want[j] = target
+        outs.append(target)
+        shapes.append(first.shape)
+    for j in shared:  # NOTE: replicated, so a partial element times it stays partial
+        want[j] = (Replicate(),) * specs[j].mesh.ndim
+    n = len(call.func._schema.returns)
+    if n == 0:  # in place: results are the first list's members
+        return Sharding(tuple(want), ())
+    return Sharding(tuple(want), tuple(outs), shapes=tuple(shapes))
+
+
+def _pointwise_foreach_packets():
+    names = sorted({
+        s.name.split("::")[1]
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("aten::_foreach_")
+    })
+    out = []
+    for name in names:
+        base = name.removeprefix("_foreach_")
+        if base in ("norm", "max", "mm", "powsum"):
+            continue
+        packet = getattr(aten, base, None)
+        if base.rstrip("_") in ("copy", "zero", "abs", "maximum", "minimum") or (
+            packet is not None
+            and any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+        ):
+            out.append(getattr(aten, name))
+    return out
+
+
+RULES: dict = dict.fromkeys(_pointwise_foreach_packets(), foreach_rule)
