@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from launch import agree
+from launch.given_lockstep import RUN_NPROC_ENV
 from launch.rank import (
     LONG,
     RankCore,
@@ -36,6 +37,8 @@ RUN_DIR_ENV = "LAUNCH_RUN_DIR"
 
 
 class Lockstep:
+    ranks_here = True  # launch.world.Mode: this process is a rank
+
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         env = os.environ
@@ -45,6 +48,11 @@ class Lockstep:
         self.recover = bool(self.managed) or self.max_restarts > 0  # keep results.jsonl
         self.rank = int(env["RANK"])
         self.size = int(env["WORLD_SIZE"])
+        # NOTE: the run's layout, read once: a sub-world swaps RANK/WORLD_SIZE/
+        # LOCAL_WORLD_SIZE while its test runs, and a report written from the
+        # watchdog thread then must still name the run's own world.
+        self.local = int(env.get("LOCAL_WORLD_SIZE", self.size))
+        env[RUN_NPROC_ENV] = str(self.local)  # for replay lines written inside sub-worlds
         self.run_dir = _run_dir(config)
         self.session: pytest.Session | None = None
         self.index: dict[str, int] = {}
@@ -83,7 +91,8 @@ class Lockstep:
         self.core.start()
 
     def pytest_report_header(self) -> list[str]:
-        return [f"launch: lockstep, {self.size} ranks ({self.backend}), {_nodes()}attempt "
+        return [f"launch: lockstep, {self.size} ranks ({self.backend}), "
+                f"{_nodes(self.local, self.size)}attempt "
                 f"{self.attempt}; rank logs: {self.run_dir}/rank<k>.log"]
 
     # -- collection agreement ---------------------------------------------
@@ -148,7 +157,7 @@ class Lockstep:
     # -- end of session -----------------------------------------------------
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.rank == 0 and self.size > 1:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
+            local = self.local
             terminalreporter.write_line(
                 f"launch: ranks 1..{min(local, self.size) - 1} logged to {self.run_dir}/rank<k>.log"
                 if local >= self.size else
@@ -210,6 +219,8 @@ class Lockstep:
             except Exception:
                 pass
         tr = config.pluginmanager.get_plugin("terminalreporter")
+        if self.core.watchdog.interrupted:
+            return self._interrupted(key, item, text, tr)
         if item is not None:
             rep = agree.make_report(item.nodeid, item.location, "call", "failed", text)
             item.ihook.pytest_runtest_logreport(report=rep)
@@ -236,6 +247,44 @@ class Lockstep:
                 (self.run_dir / "complete").write_text("1")
         return 1
 
+    def _interrupted(self, key: str | None, item: Any, text: str, tr: Any) -> int:
+        """torchrun was stopped (SIGTERM, Ctrl-C): not a fault. The running test
+        is reported as not run, then the summary, junit, and the command that
+        continues with it; torchrun is going down, so nothing restarts."""
+        session, config = self.session, self.config
+        signame = self.core.watchdog.interrupted
+        why = f"not run (interrupted): torchrun got {signame} while this test ran"
+        if item is not None:
+            rep = agree.make_report(item.nodeid, item.location, "setup", "skipped",
+                                    (str(item.path), 0, why))
+            item.ihook.pytest_runtest_logreport(report=rep)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if session is None:
+            return int(pytest.ExitCode.INTERRUPTED)
+        i = int(key) if key is not None else self.current
+        ran, left = session.items[:i], session.items[i:]
+        if tr is not None:
+            head = text.splitlines()[0] if text else ""
+            during = head[head.index(" during "):] if " during " in head else ""
+            tr.write_line(f"\nlaunch: interrupted ({signame} to torchrun){during}")
+            tr.write_line(f"launch: interrupted ({signame}): {len(ran)} of "
+                          f"{len(session.items)} tests ran; {len(left)} not run"
+                          + (f", starting with {left[0].nodeid}" if left else ""))
+            cmd = resume_command(config, ran[-1].nodeid if ran else None, self.local, self.size)
+            tr.write_line(f"launch: continue with:\n  {cmd}")
+            try:  # pytest's own "!!! Interrupted !!!" line needs a raised exception
+                raise session.Interrupted(f"launch: interrupted by {signame} to torchrun")
+            except session.Interrupted:
+                tr.pytest_keyboard_interrupt(pytest.ExceptionInfo.from_current())
+        code = int(pytest.ExitCode.INTERRUPTED)
+        session.exitstatus = code
+        config.hook.pytest_sessionfinish(session=session, exitstatus=code)
+        if self.managed:
+            Path(self.managed).write_text(str(code))
+            if self.recover:
+                (self.run_dir / "complete").write_text(str(code))
+        return code
+
     def _not_run(self, session: pytest.Session, tr: Any, left: list[pytest.Item],
                   bad: str | None) -> None:
         """Report every test the dead world did not run (terminal and junit:
@@ -258,7 +307,7 @@ class Lockstep:
             tr.write_line(f"  {it.nodeid}")
         after = bad or (session.items[self.current - 1].nodeid if self.current else None)
         if after is not None:
-            tr.write_line(f"launch: resume after {after} with:\n  {resume_command(self.config, after)}")
+            tr.write_line(f"launch: resume after {after} with:\n  {resume_command(self.config, after, self.local, self.size)}")
         tr.write_line("  (or `python -m launch`, which restarts the world by itself)")
 
     def _record(self, i: int, nodeid: str, reports: list[Any], fatal: bool = False) -> None:
@@ -305,17 +354,14 @@ class Lockstep:
         return self.core.world_for(n)
 
 
-def _nodes() -> str:
-    env = os.environ
-    local, world = int(env.get("LOCAL_WORLD_SIZE", 1)), int(env.get("WORLD_SIZE", 1))
+def _nodes(local: int, world: int) -> str:
     return f"{world // max(local, 1)} nodes of {local}, " if world > local else ""
 
 
-def resume_command(config: pytest.Config, after: str) -> str:
-    """The torchrun command line that reruns this session after test ``after``."""
-    env = os.environ
-    local = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
-    nodes = max(1, int(env.get("WORLD_SIZE", local)) // max(local, 1))
+def resume_command(config: pytest.Config, after: str | None, local: int, world: int) -> str:
+    """The torchrun command line that reruns this session after test ``after``,
+    on the run's own layout: ``local`` ranks per node, ``world`` in all."""
+    nodes = max(1, world // max(local, 1))
     args, skip = [], False
     for a in config.invocation_params.args:
         if skip:
@@ -329,7 +375,9 @@ def resume_command(config: pytest.Config, after: str) -> str:
     cmd = ["torchrun", f"--nproc_per_node={local}"]
     if nodes > 1:
         cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
-    cmd += ["-m", "pytest", *args, f"--dist-start-after={after}"]
+    cmd += ["-m", "pytest", *args]
+    if after is not None:
+        cmd.append(f"--dist-start-after={after}")
     return shlex.join(cmd)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from launch.world import LOG_ENV, PREFIX_ENV, SERVER_ENV, world_size_of
+from launch.world import LOCAL_WORLD, LOG_ENV, PREFIX_ENV, SERVER_ENV, World, world_size_of
 
 START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
 GRACE = 30.0  # seconds past a test's timeout before the parent kills its world
@@ -57,6 +57,8 @@ class _World:
 
 
 class Parent:
+    ranks_here = False  # launch.world.Mode: ranks are other processes
+
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worlds: dict[int, _World] = {}
@@ -277,10 +279,8 @@ class Parent:
             sizes = ", ".join(str(n) for n in sorted(self.worlds))
             terminalreporter.write_line(f"launch: worlds of {sizes} ranks; logs in {self.log_dir}")
 
-    def world_for(self, n: int | None) -> Any:
-        from launch.world import World
-
-        return World(0, 1, (0,), None)
+    def world_for(self, n: int | None) -> World:
+        return LOCAL_WORLD  # a world_size test never runs here; unmarked ones see one process
 
 
 def _timeout(item: pytest.Item, default: float) -> float:

@@ -27,8 +27,10 @@ import os
 import pytest
 
 from launch.world import (
+    LOCAL_WORLD,
     MARKERS,
     SERVER_ENV,
+    Mode,
     World,
     claim_timeouts,
     timeout_of,
@@ -37,10 +39,13 @@ from launch.world import (
 
 RANK_PID_ENV = "LAUNCH_RANK_PID"  # set by a rank process: its pid
 
-__all__ = ["SERVER_ENV", "World", "timeout_of", "world_size", "world_size_of"]
+__all__ = ["SERVER_ENV", "Mode", "World", "mode_of", "timeout_of", "world_size",
+           "world_size_of"]
 
-# Loaded with the service wherever it is (entry point, -p, conftest).
-pytest_plugins = ["launch.shuffle"]
+# Loaded with the service wherever it is (entry point, -p, conftest):
+# seeded order, and lockstep Hypothesis for every @given run inside a world
+# (without it, ranks draw different examples and desync).
+pytest_plugins = ["launch.shuffle", "launch.given_lockstep"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,10 +77,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # world (nor, ending, os._exit the rank). It is a plain parent instead.
     owner = os.environ.get(RANK_PID_ENV)
     nested = owner is not None and owner in (str(os.getpid()), str(os.getppid()))
+    mode: Mode
     if os.environ.get(SERVER_ENV) and not nested:
         from launch.server import Server
 
-        mode: object = Server(config)
+        mode = Server(config)
         os.environ[RANK_PID_ENV] = str(os.getpid())
     elif _under_torchrun() and not nested:
         if config.getoption("dist_sim", False):
@@ -97,6 +103,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
             mode = Parent(config)
     config.pluginmanager.register(mode, "launch-mode")
+
+
+def mode_of(config: pytest.Config) -> Mode | None:
+    """The session's mode object (None in an xdist controller, which runs no tests)."""
+    mode = config.pluginmanager.get_plugin("launch-mode")
+    if mode is not None and not isinstance(mode, Mode):
+        raise TypeError(f"launch-mode plugin {mode!r} does not implement launch.world.Mode")
+    return mode
 
 
 def _under_torchrun() -> bool:
@@ -122,8 +136,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         k = ids.index(after) + 1
         config.hook.pytest_deselected(items=items[:k])
         items[:] = items[k:]
-    mode = config.pluginmanager.get_plugin("launch-mode")
-    everywhere = mode is not None and type(mode).__name__ not in ("Parent", "SimMode")
+    mode = mode_of(config)
+    everywhere = mode is not None and mode.ranks_here
     claim_timeouts(config, items, lambda it: everywhere or world_size_of(it) is not None)
     if any(it.get_closest_marker("cuda") for it in items):
         why = _no_cuda_reason(everywhere)
@@ -148,11 +162,9 @@ def _no_cuda_reason(ranks_here: bool) -> str | None:
 @pytest.fixture
 def world(request: pytest.FixtureRequest) -> World:
     """This rank's view of the test's world (see ``launch.world.World``)."""
-    mode = request.config.pluginmanager.get_plugin("launch-mode")
+    mode = mode_of(request.config)
     n = world_size_of(request.node) if isinstance(request.node, pytest.Item) else None
-    if mode is None or not hasattr(mode, "world_for"):
-        return World(0, 1, (0,), None)
-    return mode.world_for(n)
+    return LOCAL_WORLD if mode is None else mode.world_for(n)
 
 
 def world_size(n: int) -> pytest.MarkDecorator:

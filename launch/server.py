@@ -36,6 +36,8 @@ from launch.world import LOG_ENV, PREFIX_ENV, SERVER_ENV
 
 
 class Server:
+    ranks_here = True  # launch.world.Mode: this process is a rank
+
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.items: dict[str, pytest.Item] = {}

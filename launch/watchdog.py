@@ -97,6 +97,9 @@ class Watchdog:
         self._phase = "idle"  # idle | test | agree
         self._pids: dict[int, str | None] = {}  # rank -> pid on this host (None: elsewhere)
         self.fired = False
+        # Set before on_fatal runs: the world was stopped from outside (SIGINT,
+        # or SIGTERM while every rank still lives), not broken by a fault.
+        self.interrupted: str | None = None
         self._main = threading.main_thread().ident
         self._rsock, self._wsock = socket.socketpair()
         self._rsock.setblocking(False)
@@ -105,7 +108,11 @@ class Watchdog:
     def start(self) -> None:
         """Install the SIGTERM handler (main thread only) and start the thread."""
         if threading.current_thread() is threading.main_thread():
+            # NOTE: torchrun forwards the signal it got (Ctrl-C: SIGINT) to its
+            # workers' process groups; both only wake this thread, which stops
+            # every rank together (a KeyboardInterrupt mid-collective would not).
             signal.signal(signal.SIGTERM, lambda *_: None)
+            signal.signal(signal.SIGINT, lambda *_: None)
             signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")
         self.store.set(f"node/{self.rank}", f"node {os.environ.get('GROUP_RANK', '0')} "
@@ -148,7 +155,9 @@ class Watchdog:
                     sigs = self._rsock.recv(64)
                 except BlockingIOError:
                     sigs = b""
-                if signal.SIGTERM in sigs or signal.SIGINT in sigs:
+                if signal.SIGINT in sigs:
+                    self._fire("interrupted (SIGINT: the run was stopped)", None, "signal")
+                elif signal.SIGTERM in sigs:
                     self._fire("terminated (SIGTERM: a peer rank died or the launcher "
                                "stopped the world)", None, "signal")
                 continue
@@ -218,7 +227,14 @@ class Watchdog:
                 except Exception:
                     pass
         except BaseException as e:  # we exit either way; leave a trace
-            print(f"launch watchdog: {e!r}", file=self.log, flush=True)
+            import traceback
+
+            print(f"launch watchdog: {e!r}\n{traceback.format_exc()}", file=self.log, flush=True)
+            if self.rank == 0:  # release the peers now, not after their 30 s wait
+                try:
+                    self.store.set("fatal_done", str(code))
+                except Exception:
+                    pass
         finally:
             for f in (sys.stdout, sys.stderr, self.log):
                 try:
@@ -272,6 +288,10 @@ class Watchdog:
                 dead.append(r)
                 lines.append(f"  rank {r}: {'DIED' if alive is False else 'no answer (dead or wedged)'}"
                              f" during {name or 'the run'}")
+        if kind == "signal" and not dead:
+            # Every rank lives and posted: torchrun itself was stopped (SIGTERM
+            # or Ctrl-C of the run), no fault of the test.
+            self.interrupted = "SIGINT" if reason.startswith("interrupted") else "SIGTERM"
         if stuck and kind != "signal":
             lines.insert(1, f"stuck ranks: {', '.join(map(str, stuck))}")
         if dead:

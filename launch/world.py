@@ -8,7 +8,7 @@ imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import pytest
 
@@ -49,6 +49,27 @@ class World:
     size: int
     ranks: tuple[int, ...]
     group: Any
+
+
+@runtime_checkable
+class Mode(Protocol):
+    """What the plugin asks of the mode object it registers as ``launch-mode``
+    (one per session: lockstep, server, parent; a simulated-world mode adds
+    itself the same way).
+
+    ``ranks_here`` says whether this process is itself a rank that runs every
+    collected test (lockstep, server): then every item is distributed (its
+    timeout belongs to the watchdog) and CUDA is checked per local rank.
+    ``world_for(n)`` is the ``world`` fixture's value for a test of
+    ``world_size(n)`` (None: unmarked) in this process.
+    """
+
+    ranks_here: bool
+
+    def world_for(self, n: int | None) -> World: ...
+
+
+LOCAL_WORLD = World(0, 1, (0,), None)  # the ``world`` of a test in one plain process
 
 
 def world_size_of(item: pytest.Item) -> int | None:
