@@ -59,7 +59,10 @@ _tracing = torch.compiler.is_compiling
 # lock the peers need to reach that barrier.
 _groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock]] = {}
 _groups_lock = threading.Lock()
-_counters: list[Counter] = []
+# Listeners, each with the simulated rank that pushed it (None in a process
+# that is one rank): a rank counts only its own collectives.
+_counters: list[tuple[object, int | None]] = []
+_rank_local = threading.local()  # .rank: set on simulated rank threads (_rank_state)
 
 _REDUCE = {
     "sum": dist.ReduceOp.SUM,
@@ -93,7 +96,10 @@ def count(kind: str, t: torch.Tensor | None = None, copies: int = 1) -> None:
     if not _counters:
         return
     nbytes = t.numel() * t.element_size() * copies if t is not None else 0
-    for c in _counters:
+    me = getattr(_rank_local, "rank", None)
+    for c, owner in _counters:
+        if owner != me:
+            continue
         record = getattr(c, "record", None)
         if record is None:  # a bare Counter: counts only
             c[kind] += 1
@@ -104,11 +110,15 @@ def count(kind: str, t: torch.Tensor | None = None, copies: int = 1) -> None:
 def push_counter(c) -> None:
     """Listen to collectives: a ``Counter`` (counts by kind) or an object with
     ``record(kind, nbytes)`` (see ``dtensor.debug``)."""
-    _counters.append(c)
+    _counters.append((c, getattr(_rank_local, "rank", None)))
 
 
 def pop_counter(c: Counter) -> None:
-    _counters.remove(c)
+    for i, (x, _) in enumerate(_counters):
+        if x is c:
+            del _counters[i]
+            return
+    raise ValueError(f"pop_counter: {c!r} is not listening")
 
 
 def world_tag() -> str:

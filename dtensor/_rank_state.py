@@ -12,6 +12,8 @@ belongs to a rank must be looked up per thread:
   threaded group keeps a world per thread, and those caches key on it);
 - the current-mesh stack (``dtensor.mesh``) and dispatch's re-entrancy
   state: thread-local already;
+- collective counters (``dtensor._comm.count``, ``dtensor.debug``): a
+  listener hears only the collectives of the rank that pushed it;
 - meshes: a mesh holds its rank's coordinate and groups, and its equality
   includes the rank, so caches keyed by specs never hand one rank's mesh to
   another (rank-independent caches, e.g. redistribute plans keyed by shapes,
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import threading
 
+from . import _comm
 from . import random as rng
 
 __all__ = ["enter_rank", "is_sim_rank"]
@@ -54,6 +57,7 @@ def enter_rank(rank: int, size: int | None = None) -> None:
             _installed = True
     _local.seeding = rng._Seeding()
     _local.rank = rank
+    _comm._rank_local.rank = rank  # collective counters count this rank's only
 
 
 def is_sim_rank() -> bool:

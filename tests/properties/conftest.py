@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
-WORLD_SIZES = (2, 4)
+# DTENSOR_WORLD_SIZES=16,64 runs the suite on other sizes (simulated worlds:
+# pytest --dist-sim, see docs/test-service.md).
+WORLD_SIZES = tuple(int(n) for n in os.environ.get("DTENSOR_WORLD_SIZES", "2,4").split(","))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
