@@ -7,6 +7,8 @@ Properties, on generated meshes (1-D to 3-D, sub-meshes) and placements
   bit (dtensor: the plain-tensor functions of ``dtensor.random``; torch:
   ``torch.manual_seed`` then the plain torch op), and every rank — members and
   outsiders — leaves the generator where the single-device run leaves it;
+- every shape class of a rank's block (empty, one full row, a contiguous
+  run of an uneven dim, strided) holds its piece of the stream;
 - replicas hold identical locals, and different shards are not copies;
 - consecutive ops on different meshes follow the single-device sequence;
 - ranks outside a sub-mesh issue no collectives, hold empty locals and stay in
@@ -31,6 +33,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from dtensor.testing import (
+    assert_layout,
     assert_local_is_empty,
     assert_matches_single_device,
     mesh_layouts,
@@ -39,6 +42,7 @@ from dtensor.testing import (
     tensor_shapes,
     tensors,
 )
+from dtensor.testing.blocks import BLOCK_CLASSES, sharded_blocks
 
 pytestmark = pytest.mark.dist_timeout(180)
 
@@ -261,7 +265,7 @@ class Case(NamedTuple):
 
 
 def _draw_case(data, impl, world_size: int, *, layout=None, shape=None, allow_partial=True,
-               ops=None) -> Case:
+               ops=None, ps=None) -> Case:
     op = _BY_NAME[data.draw(st.sampled_from(ops or _ops_for(impl)), label="op")]
     if layout is None:
         layout = data.draw(mesh_layouts(world_size=world_size,
@@ -270,9 +274,10 @@ def _draw_case(data, impl, world_size: int, *, layout=None, shape=None, allow_pa
         shape = data.draw(tensor_shapes(), label="shape")
     dtype = data.draw(st.sampled_from(op.dtypes), label="dtype")
     kw = data.draw(op.params(dtype), label="params")
-    ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=len(shape),
-                              allow_partial=allow_partial, reduce_ops=EXACT_REDUCE,
-                              mixed_reduce_ops=impl.mixed_partials), label="placements")
+    if ps is None:
+        ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=len(shape),
+                                  allow_partial=allow_partial, reduce_ops=EXACT_REDUCE,
+                                  mixed_reduce_ops=impl.mixed_partials), label="placements")
     base = None
     if op.kind in (INPLACE, LIKE):
         base = torch.zeros(shape, dtype=dtype)
@@ -422,6 +427,8 @@ def _check_outputs(gathered: list, expected: tuple, case: Case, layout) -> None:
             continue
         if not any(type(p).__name__ == "Partial" for p in out.placements):
             assert_matches_single_device(out, ref, rtol=0, atol=0, msg=label)
+        else:  # a piece: its shape, offset and coordinate (no collective)
+            assert_layout(out, None, msg=label)
         if any_zero and ref.is_floating_point():
             full, ref = full + 0.0, ref + 0.0  # -0.0 + 0.0 is +0.0; nothing else moves
         _assert_same_bits(full, ref, label + ": full_tensor()")
@@ -449,6 +456,27 @@ def test_random_ops_equal_the_single_device_stream(n_ranks, world, impl, op_name
     assert after == _state(impl), (
         f"rank {world.rank}: {case.op.name} left the generator at {after}, the "
         f"single-device run at {_state(impl)}")
+    _check_outputs(gathered, expected, case, case.layout)
+
+
+@pytest.mark.parametrize("kind", BLOCK_CLASSES)
+@given(data=st.data())
+def test_random_blocks_of_every_shape_class(n_ranks, world, impl, kind, data):
+    """Layouts where some rank's block is empty, one full row, one contiguous
+    run (leading size-1 dims, or rows of an uneven dim) or strided: every op
+    gives each rank its piece of the single-device stream (per-rank oracle
+    and full tensor, bit for bit)."""
+    block = data.draw(sharded_blocks(world_size=world.size, kind=kind,
+                                     allow_sub_meshes=impl.sub_meshes), label="block")
+    case = _draw_case(data, impl, world.size, layout=block.layout, shape=block.shape,
+                      ps=block.placements)
+    for c in sorted(block.classes()):
+        event(f"a {c} block")
+    mesh = impl.mesh(case.layout)
+    _seed(impl, case.seed)
+    gathered = _gather(_run(case, impl, mesh))
+    _seed(impl, case.seed)
+    expected = _reference(case, impl)
     _check_outputs(gathered, expected, case, case.layout)
 
 
