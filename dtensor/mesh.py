@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 from collections.abc import Sequence
 
@@ -63,11 +62,14 @@ class DeviceMesh:
     __slots__ = (
         "__weakref__",  # torch.compile keys tables of graph inputs by weakref
         "_coordinate",
+        "_flattened",
         "_groups",
         "_hash",
         "_init_backend",
         "_rank",
         "_ranks",
+        "_root",
+        "_root_axes",
         "_shape",
         "_world",
         "device_type",
@@ -85,43 +87,13 @@ class DeviceMesh:
         *,
         mesh_dim_names: Sequence[str] | None = None,
         _init_backend: bool = True,
+        _groups: tuple | None = None,
+        _root: DeviceMesh | None = None,
+        _root_axes: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
-        if not isinstance(device_type, str):
-            raise MeshError(
-                f"DeviceMesh: device_type must be a str like 'cpu' or 'cuda', "
-                f"got {device_type!r}"
-            )
-        try:
-            grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise MeshError(
-                f"DeviceMesh: mesh must be a (nested) list or tensor of ranks, "
-                f"got {mesh!r} ({e})"
-            ) from None
-        if grid.ndim == 0:
-            grid = grid.reshape(1)
-        ranks = tuple(grid.flatten().tolist())
-        if len(set(ranks)) != len(ranks) or any(r < 0 for r in ranks):
-            raise MeshError(
-                f"DeviceMesh: each rank may appear once and ranks are >= 0, got {ranks}"
-            )
-        if grid.numel() == 0:
-            raise MeshError(f"DeviceMesh: the mesh is empty: {mesh!r}")
-        world = _comm.get_world_size()
-        if _init_backend and _comm.is_initialized() and max(ranks) >= world:
-            raise MeshError(
-                f"DeviceMesh: ranks {ranks} exceed the world of {world} ranks "
-                f"(valid ranks are 0..{world - 1})"
-            )
-        if mesh_dim_names is not None:
-            mesh_dim_names = tuple(mesh_dim_names)
-            if len(mesh_dim_names) != grid.ndim or len(set(mesh_dim_names)) != len(
-                mesh_dim_names
-            ):
-                raise MeshError(
-                    f"DeviceMesh: expected {grid.ndim} unique mesh_dim_names, "
-                    f"got {mesh_dim_names}"
-                )
+        grid, ranks, mesh_dim_names = _mesh_build.validate(
+            device_type, mesh, mesh_dim_names, _init_backend
+        )
         self.device_type = device_type
         self.mesh = grid
         self.mesh_dim_names = mesh_dim_names
@@ -149,9 +121,20 @@ class DeviceMesh:
             )
         else:
             self._coordinate = None
-        self._groups: tuple | None = None
+        self._groups: tuple | None = _groups if self._coordinate is not None else None
         self._init_backend = _init_backend
-        if _init_backend and self._coordinate is not None and _comm.is_initialized():
+        # Sub-meshes and flattened meshes remember the mesh they came from
+        # and which of its axes each of their axes covers, so names flattened
+        # on any of them resolve on the root (``root["dp_cp"]``), as in torch.
+        self._root = _root
+        self._root_axes = _root_axes
+        self._flattened: dict[str, tuple[int, ...]] = {}
+        if (
+            _init_backend
+            and self._groups is None
+            and self._coordinate is not None
+            and _comm.is_initialized()
+        ):
             # Created eagerly, axis by axis, so every member creates its groups
             # in the same global order (lazy creation could interleave
             # differently per rank and deadlock).
@@ -247,31 +230,53 @@ class DeviceMesh:
     def __getitem__(self, names: str | Sequence[str]) -> DeviceMesh:
         """The sub-mesh over the named axes that contains this rank.
 
-        On a rank outside the mesh it is the sub-mesh at coordinate 0 of the
-        other axes (which the rank is not in either).
+        Names may be flattened ones (``mesh["dp_cp"]`` after
+        ``mesh["dp", "cp"].flatten("dp_cp")``). On a rank outside the mesh it
+        is the sub-mesh at coordinate 0 of the other axes (which the rank is
+        not in either).
         """
-        if isinstance(names, str):
-            names = (names,)
-        axes = [self._axis(n) for n in names]
-        if len(set(axes)) != len(axes):
-            raise MeshError(f"mesh[{names}]: each axis at most once")
-        if tuple(axes) == tuple(range(self.ndim)):
-            return self
-        coord = self._coordinate or (0,) * self.ndim
-        index = tuple(slice(None) if a in axes else coord[a] for a in range(self.ndim))
-        grid = self.mesh[index]
-        # Axes come out in mesh order from indexing; reorder as asked.
-        kept = sorted(axes)
-        grid = grid.permute([kept.index(a) for a in axes])
-        names_out = (
-            tuple(self.mesh_dim_names[a] for a in axes) if self.mesh_dim_names else None
-        )
-        return DeviceMesh(
-            self.device_type,
-            grid,
-            mesh_dim_names=names_out,
-            _init_backend=self._init_backend,
-        )
+        return _mesh_build.select(self, names)
+
+    def flatten(self, name: str | None = None) -> DeviceMesh:
+        """This mesh as one axis named ``name`` (default: its names joined by ``_``).
+
+        Ranks in row-major order; the root mesh learns the name, so
+        ``root[name]`` gives the same mesh. PyTorch spells it ``_flatten``.
+
+        Example:
+            >>> mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+            >>> mesh["dp", "cp"].flatten("dp_cp").ranks      # on rank 0
+            (0, 2, 4, 6)
+        """
+        return _mesh_build.flatten(self, name)
+
+    _flatten = flatten  # PyTorch's spelling (torchtitan, FSDP use it)
+
+    def _get_root_mesh(self) -> DeviceMesh:
+        """The mesh this one was sliced or flattened from (itself for a root)."""
+        return self._root if self._root is not None else self
+
+    @staticmethod
+    def from_group(group, device_type: str, mesh=None, *, mesh_dim_names=None) -> DeviceMesh:
+        """A mesh whose axes use existing process groups.
+
+        Args:
+            group: one process group (a 1-D mesh over its ranks), or one group
+                per mesh axis: this rank's line along that axis.
+            device_type: ``"cpu"`` or ``"cuda"``.
+            mesh: the ranks' layout (required for several groups, or on a rank
+                outside ``group``).
+            mesh_dim_names: optional axis names.
+
+        Example:
+            >>> DeviceMesh.from_group(dist.group.WORLD, "cpu").ranks
+            (0, 1, 2, 3)
+        """
+        return _mesh_build.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
+
+    def get_all_groups(self) -> list:
+        """This rank's process group of every axis (``None`` each, outside the mesh)."""
+        return [self.get_group(axis) for axis in range(self.ndim)]
 
     # The current mesh -------------------------------------------------------
     def __enter__(self) -> DeviceMesh:
@@ -320,7 +325,9 @@ class DeviceMesh:
     def __reduce__(self):
         # Pickles as its ranks; loading rebuilds it (and its process groups)
         # in the loading process, which must be in the same world.
-        return _unpickle_mesh, (self.device_type, self._ranks, self._shape, self.mesh_dim_names)
+        return _mesh_build.unpickle_mesh, (
+            self.device_type, self._ranks, self._shape, self.mesh_dim_names,
+        )
 
     # Naming a mesh in generated code ----------------------------------------
     def _cache_key(self) -> tuple:
@@ -342,8 +349,8 @@ class DeviceMesh:
         working after the mesh object that traced it is gone.
         """
         key = self._cache_key()
-        _fx_meshes.setdefault(key, self)
-        return f"dtensor_mesh{key!r}", {"dtensor_mesh": _mesh_from_fx}
+        _mesh_build.fx_meshes.setdefault(key, self)
+        return f"dtensor_mesh{key!r}", {"dtensor_mesh": _mesh_build.mesh_from_fx}
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
@@ -353,9 +360,6 @@ class DeviceMesh:
         names = self.mesh_dim_names or tuple(f"a{i}" for i in range(self.ndim))
         dims = ",".join(f"{n}={s}" for n, s in zip(names, self._shape, strict=True))
         return f"{self.device_type}<{dims}>"
-
-
-_fx_meshes: dict[tuple, DeviceMesh] = {}
 
 
 def device_of(mesh: DeviceMesh) -> torch.device:
@@ -374,76 +378,8 @@ def mesh_max(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return t
 
 
-def _mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
-    """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
-    key = (device_type, ranks, shape, mesh_dim_names, rank, world)
-    mesh = _fx_meshes.get(key)
-    if mesh is not None:
-        return mesh
-    here = (_comm.get_rank(), _comm.world_tag())
-    if (rank, world) != here:
-        # NOTE: compile caches key programs on rank and world, so this means a
-        # program was carried to another process by hand.
-        raise MeshError(
-            f"compiled code names mesh {ranks} of rank {rank} in world {world!r}, "
-            f"but this process is rank {here[0]} in world {here[1]!r}; recompile "
-            "in this world (clear the torch.compile caches)"
-        )
-    mesh = _unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
-    return _fx_meshes.setdefault(key, mesh)
+# After DeviceMesh: the builders import it.
+from dtensor import _mesh_build  # noqa: E402
+from dtensor._mesh_build import init_device_mesh  # noqa: E402
 
-
-def _unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
-    grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
-    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
-
-
-def _ensure_world(device_type: str) -> None:
-    import torch.distributed as dist
-
-    if _comm.is_initialized():
-        return
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return  # single process: meshes of rank 0 work without a world
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
-
-
-def init_device_mesh(
-    device_type: str,
-    mesh_shape: Sequence[int],
-    *,
-    mesh_dim_names: Sequence[str] | None = None,
-) -> DeviceMesh:
-    """A mesh of shape ``mesh_shape`` over all ranks of the world, row-major.
-
-    Initialises the default process group from the torchrun environment if
-    needed (Gloo for ``cpu``, NCCL for ``cuda`` with one GPU per ``LOCAL_RANK``).
-    For a grid over only some ranks use ``DeviceMesh(device_type, ranks)``.
-
-    Example:
-        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    """
-    if isinstance(mesh_shape, int):
-        mesh_shape = (mesh_shape,)
-    mesh_shape = tuple(mesh_shape)
-    if not mesh_shape or any(
-        isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape
-    ):
-        raise MeshError(
-            f"init_device_mesh: mesh_shape must be positive ints, got {mesh_shape}"
-        )
-    _ensure_world(device_type)
-    world = _comm.get_world_size()
-    if math.prod(mesh_shape) != world:
-        raise MeshError(
-            f"init_device_mesh: mesh_shape {mesh_shape} holds "
-            f"{math.prod(mesh_shape)} ranks but the world has {world}. Use "
-            "DeviceMesh(device_type, ranks) for a mesh over some of the ranks."
-        )
-    if device_type == "cuda" and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    grid = torch.arange(world).reshape(mesh_shape)
-    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+_unpickle_mesh = _mesh_build.unpickle_mesh  # meshes pickled before the move name it

@@ -6,7 +6,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtensor import DeviceMesh, MeshError, current_mesh, init_device_mesh
+from dtensor import (
+    DeviceMesh,
+    MeshError,
+    Replicate,
+    Shard,
+    current_mesh,
+    distribute_tensor,
+    init_device_mesh,
+)
 
 
 def _geometry_mesh(grid, names=None) -> DeviceMesh:
@@ -96,9 +104,116 @@ def test_submesh_of_some_ranks_built_by_members_only(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_init_device_mesh_checks_the_world_size(world) -> None:
-    # init_device_mesh spans the whole process world, which under a larger
-    # torchrun world is bigger than this test's sub-world.
+def test_init_device_mesh_larger_than_the_world_raises(world) -> None:
     n = torch.distributed.get_world_size()
-    with pytest.raises(MeshError, match=f"holds {n + 1} ranks but the world has {n}"):
+    with pytest.raises(MeshError, match=f"holds {n + 1} ranks but the world has only {n}"):
         init_device_mesh("cpu", (n + 1,))
+
+
+@pytest.mark.world_size(4)
+def test_init_device_mesh_smaller_than_the_world_takes_its_first_ranks(world) -> None:
+    # As PyTorch's: ranks 0 .. prod(shape) - 1; the others are outsiders.
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    assert mesh.ranks == (0, 1)
+    assert mesh.get_coordinate() == ((0, world.rank) if world.rank < 2 else None)
+    x = distribute_tensor(torch.arange(4.0), mesh, [Replicate(), Shard(0)])
+    full = x.full_tensor()
+    if world.rank < 2:
+        assert torch.equal(full, torch.arange(4.0))
+    else:
+        assert full.numel() == 0
+    assert init_device_mesh("cpu", (2, 2)).ranks == (0, 1, 2, 3)
+
+
+def test_flatten_geometry_names_resolve_on_the_root() -> None:
+    mesh = _geometry_mesh(torch.arange(8).reshape(2, 2, 2), ("dp", "cp", "tp"))
+    coord = mesh.get_coordinate() or (0, 0, 0)
+    dp_cp = mesh["dp", "cp"]._flatten()
+    assert dp_cp.mesh_dim_names == ("dp_cp",) and dp_cp.ndim == 1
+    assert dp_cp.ranks == tuple(mesh["dp", "cp"].mesh.flatten().tolist())
+    assert dp_cp.ranks == tuple(4 * i + 2 * j + coord[2] for i in (0, 1) for j in (0, 1))
+    assert mesh["dp_cp"] == dp_cp and dp_cp._get_root_mesh() is mesh
+    assert mesh["tp", "dp_cp"].shape == (2, 4)
+    assert mesh["dp_cp", "tp"].mesh_dim_names == ("dp_cp", "tp")
+    # Reordered axes flatten in the asked order; the public alias is the same.
+    cd = mesh["cp", "dp"].flatten("cd")
+    assert cd.ranks == tuple(4 * i + 2 * j + coord[2] for j in (0, 1) for i in (0, 1))
+    assert mesh["cd"] == cd
+    assert mesh["dp"].flatten("dp") is mesh["dp"] or mesh["dp"].flatten("dp") == mesh["dp"]
+
+
+def test_flatten_bad_names_raise() -> None:
+    mesh = _geometry_mesh(torch.arange(8).reshape(2, 2, 2), ("dp", "cp", "tp"))
+    mesh["dp", "cp"].flatten("dp_cp")
+    with pytest.raises(MeshError, match="'tp' already names an axis"):
+        mesh["dp", "cp"].flatten("tp")
+    with pytest.raises(MeshError, match=r"'dp_cp' already names the flattened axes \('dp', 'cp'\)"):
+        mesh["cp", "tp"].flatten("dp_cp")
+    with pytest.raises(MeshError, match="each axis at most once"):
+        mesh["dp", "dp_cp"]
+    with pytest.raises(KeyError, match="no axis named 'dp_tp'"):
+        mesh["dp_tp"]
+    with pytest.raises(MeshError, match="has no mesh_dim_names; pass a name"):
+        _geometry_mesh([[0, 1], [2, 3]]).flatten()
+
+
+@pytest.mark.world_size(4)
+def test_flattened_mesh_has_groups_and_carries_dtensors(world) -> None:
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    flat = mesh["dp", "tp"]._flatten("dp_tp")
+    assert flat.ranks == (0, 1, 2, 3) and flat.get_coordinate() == (world.rank,)
+    x = distribute_tensor(torch.arange(8.0), flat, [Shard(0)])
+    assert x.to_local().tolist() == [2.0 * world.rank, 2.0 * world.rank + 1]
+    assert torch.equal(x.full_tensor(), torch.arange(8.0))
+    t = torch.tensor([1.0])
+    dist.all_reduce(t, group=mesh["dp_tp"].get_group())
+    assert t.item() == 4.0
+    # A 2x1 sub-grid flattened: outsiders get the mesh at coordinate 0 and no groups.
+    sub = DeviceMesh("cpu", [[0], [1]], mesh_dim_names=("a", "b"))._flatten("ab")
+    assert sub.ranks == (0, 1)
+    assert (sub.get_coordinate() is None) == (world.rank >= 2)
+    assert sub.get_all_groups() == ([None] if world.rank >= 2 else [sub.get_group()])
+
+
+@pytest.mark.world_size(4)
+def test_from_group_uses_the_callers_groups(world) -> None:
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    groups = mesh.get_all_groups()
+    assert len(groups) == 2 and all(g is not None for g in groups)
+    again = DeviceMesh.from_group(groups, "cpu", mesh=[[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    assert again == mesh and again.get_all_groups() == groups
+    whole = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    assert whole.ranks == (0, 1, 2, 3) and whole.get_group() is dist.group.WORLD
+    x = distribute_tensor(torch.arange(4.0), whole, [Shard(0)])
+    assert torch.equal(x.full_tensor(), torch.arange(4.0))
+    with pytest.raises(MeshError, match=r"group 0 has ranks \[\d, \d\], but this rank's line"):
+        DeviceMesh.from_group(groups[::-1], "cpu", mesh=[[0, 1], [2, 3]])
+    with pytest.raises(MeshError, match="2 groups need mesh="):
+        DeviceMesh.from_group(groups, "cpu")
+    with pytest.raises(MeshError, match="got 1 groups for a 2-D mesh"):
+        DeviceMesh.from_group([groups[0]], "cpu", mesh=[[0, 1], [2, 3]])
+    # Outsiders of a group: an error without mesh=, an outsider mesh with it.
+    pair = DeviceMesh("cpu", [0, 1])
+    if world.rank >= 2:
+        with pytest.raises(MeshError, match="is not in the group; pass mesh="):
+            DeviceMesh.from_group(pair.get_group(), "cpu")
+        out = DeviceMesh.from_group(pair.get_group(), "cpu", mesh=[0, 1])
+        assert out.get_coordinate() is None and out.get_all_groups() == [None]
+    else:
+        assert DeviceMesh.from_group(pair.get_group(), "cpu").get_group() is pair.get_group()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.world_size(2)
+def test_cuda_mesh_on_a_cpu_only_machine_is_our_error_on_every_rank(world) -> None:
+    for build in (
+        lambda: DeviceMesh("cuda", [0, 1]),
+        lambda: init_device_mesh("cuda", (2,)),
+    ):
+        with pytest.raises(MeshError, match=r"no cuda device .*use 'cpu'") as e:
+            build()
+        assert isinstance(e.value, RuntimeError)
+    with pytest.raises(MeshError, match="a type, no index"):
+        DeviceMesh("cuda:0", [0, 1])
+    with pytest.raises(MeshError, match="unknown device_type 'tpu'"):
+        DeviceMesh("tpu", [0, 1])

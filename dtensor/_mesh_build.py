@@ -1,0 +1,341 @@
+"""Building meshes: ``init_device_mesh``, ``DeviceMesh.from_group``, flattening.
+
+``dtensor.mesh`` holds the mesh itself (geometry, groups, identity); this
+module holds the ways of making one from something else: a shape over the
+world, existing process groups, or axes of another mesh merged into one.
+``DeviceMesh._flatten``/``flatten``/``from_group`` call in here, and
+``dtensor.mesh`` re-exports ``init_device_mesh``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+
+from dtensor import _comm
+from dtensor.errors import MeshAxisError, MeshError
+from dtensor.mesh import DeviceMesh
+
+__all__ = [
+    "check_device_type",
+    "flatten",
+    "from_group",
+    "init_device_mesh",
+    "mesh_from_fx",
+    "select",
+    "unpickle_mesh",
+    "validate",
+]
+
+
+# init_device_mesh ---------------------------------------------------------------
+def _ensure_world(device_type: str) -> None:
+    import torch.distributed as dist
+
+    if _comm.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return  # single process: meshes of rank 0 work without a world
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """A mesh of shape ``mesh_shape`` over the world's first ranks, row-major.
+
+    As in PyTorch, the mesh holds ranks ``0 .. prod(mesh_shape) - 1``: the
+    whole world, or its first ranks when the world is larger (the other ranks
+    are outside the mesh: ``get_coordinate()`` is ``None`` and their blocks
+    are empty). A mesh larger than the world is a ``MeshError``. Initialises
+    the default process group from the torchrun environment if needed (Gloo
+    for ``cpu``, NCCL for ``cuda`` with one GPU per ``LOCAL_RANK``). For any
+    other set of ranks use ``DeviceMesh(device_type, ranks)``.
+
+    Example:
+        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    """
+    if isinstance(mesh_shape, int):
+        mesh_shape = (mesh_shape,)
+    mesh_shape = tuple(mesh_shape)
+    if not mesh_shape or any(
+        isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape
+    ):
+        raise MeshError(
+            f"init_device_mesh: mesh_shape must be positive ints, got {mesh_shape}"
+        )
+    # Before the world: a CUDA mesh on a machine without CUDA fails here, on
+    # every rank, rather than inside torch.cuda.
+    check_device_type(device_type, "init_device_mesh")
+    _ensure_world(device_type)
+    world = _comm.get_world_size()
+    size = math.prod(mesh_shape)
+    if size > world:
+        raise MeshError(
+            f"init_device_mesh: mesh_shape {mesh_shape} holds {size} ranks but the "
+            f"world has only {world}; use a mesh_shape of at most {world} ranks"
+        )
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    grid = torch.arange(size).reshape(mesh_shape)
+    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+
+
+# from_group ------------------------------------------------------------------------
+def _group_ranks(group, what: str) -> list[int]:
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise MeshError(
+            f"{what}: this rank ({_comm.get_rank()}) is not in the group; pass "
+            "mesh=<ranks> to build the mesh on ranks outside it"
+        )
+    return [int(r) for r in dist.get_process_group_ranks(group)]
+
+
+def from_group(
+    group,
+    device_type: str,
+    mesh: Sequence | torch.Tensor | None = None,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """See ``DeviceMesh.from_group``."""
+    what = "DeviceMesh.from_group"
+    groups = list(group) if isinstance(group, (list, tuple)) else [group]
+    if mesh is None:
+        if len(groups) != 1:
+            raise MeshError(
+                f"{what}: {len(groups)} groups need mesh=<ranks> giving their layout"
+            )
+        mesh = _group_ranks(groups[0], what)
+    out = DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, _groups=None)
+    if len(groups) != out.ndim:
+        raise MeshError(
+            f"{what}: got {len(groups)} groups for a {out.ndim}-D mesh {out!r}; "
+            "pass one group per mesh axis"
+        )
+    if out.get_coordinate() is None:
+        return out  # outsiders hold no groups
+    for axis, g in enumerate(groups):
+        want = list(out._axis_ranks(axis))
+        got = _group_ranks(g, what)
+        if got != want:
+            raise MeshError(
+                f"{what}: group {axis} has ranks {got}, but this rank's line along "
+                f"axis {axis} of {out!r} is {want}"
+            )
+    # The caller's groups serve the mesh (no second group of the same ranks).
+    out._groups = tuple(g if out.shape[a] > 1 else None for a, g in enumerate(groups))
+    return out
+
+
+# Selecting and flattening axes ---------------------------------------------------
+def _root_axes(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
+    return mesh._root_axes or tuple((a,) for a in range(mesh.ndim))
+
+
+def _resolve(mesh: DeviceMesh, name) -> tuple[int, ...]:
+    """The axes of ``mesh`` that ``name`` (an axis or a flattened name) covers."""
+    if not isinstance(name, str) or (mesh.mesh_dim_names and name in mesh.mesh_dim_names):
+        return (mesh._axis(name),)
+    root = mesh._get_root_mesh()
+    want = root._flattened.get(name)
+    if want is not None:
+        # The axes of this mesh whose root axes, in order, are the merged ones.
+        starts = {r[0]: a for a, r in enumerate(_root_axes(mesh))}
+        have, axes, i = _root_axes(mesh), [], 0
+        while i < len(want) and want[i] in starts:
+            a = starts[want[i]]
+            if want[i : i + len(have[a])] != have[a]:
+                break
+            axes.append(a)
+            i += len(have[a])
+        if i == len(want):
+            return tuple(axes)
+    known = tuple(mesh.mesh_dim_names or ()) + tuple(root._flattened)
+    raise MeshAxisError(f"mesh has no axis named {name!r}; its axes are {known}")
+
+
+def select(mesh: DeviceMesh, names) -> DeviceMesh:
+    """``mesh[names]``: the sub-mesh over named axes that holds this rank.
+
+    A flattened name stands for the axes it merged. On a rank outside the
+    mesh it is the sub-mesh at coordinate 0 of the other axes.
+    """
+    if isinstance(names, str):
+        names = (names,)
+    groups = [_resolve(mesh, n) for n in names]
+    axes = [a for g in groups for a in g]
+    if len(set(axes)) != len(axes):
+        raise MeshError(f"mesh[{tuple(names)}]: each axis at most once, got axes {axes}")
+    if axes == list(range(mesh.ndim)) and all(len(g) == 1 for g in groups):
+        return mesh
+    coord = mesh.get_coordinate() or (0,) * mesh.ndim
+    index = tuple(slice(None) if a in axes else coord[a] for a in range(mesh.ndim))
+    grid = mesh.mesh[index]
+    kept = sorted(axes)
+    # Indexing keeps axes in mesh order; put them in the asked order, merged.
+    grid = grid.permute([kept.index(a) for a in axes])
+    grid = grid.reshape([math.prod(mesh.shape[a] for a in g) for g in groups])
+    out_names = (
+        tuple(n if len(g) > 1 else mesh.mesh_dim_names[g[0]] for n, g in zip(names, groups, strict=True))
+        if mesh.mesh_dim_names else None
+    )
+    have = _root_axes(mesh)
+    return DeviceMesh(
+        mesh.device_type,
+        grid,
+        mesh_dim_names=out_names,
+        _init_backend=mesh._init_backend,
+        _root=mesh._get_root_mesh(),
+        _root_axes=tuple(tuple(r for a in g for r in have[a]) for g in groups),
+    )
+
+
+def flatten(mesh: DeviceMesh, name: str | None = None) -> DeviceMesh:
+    """See ``DeviceMesh.flatten``."""
+    if name is None:
+        if not mesh.mesh_dim_names:
+            raise MeshError(
+                f"flatten: {mesh!r} has no mesh_dim_names; pass a name, e.g. "
+                "mesh.flatten('dp')"
+            )
+        name = "_".join(mesh.mesh_dim_names)
+    if not isinstance(name, str) or not name:
+        raise MeshError(f"flatten: the name must be a non-empty str, got {name!r}")
+    if mesh.ndim == 1 and mesh.mesh_dim_names == (name,):
+        return mesh
+    root = mesh._get_root_mesh()
+    merged = tuple(r for axes in _root_axes(mesh) for r in axes)
+    if root.mesh_dim_names and name in root.mesh_dim_names:
+        raise MeshError(
+            f"flatten: {name!r} already names an axis of {root!r}; pick another name"
+        )
+    known = root._flattened.get(name)
+    if known is not None and known != merged:
+        names = root.mesh_dim_names or tuple(range(root.ndim))
+        raise MeshError(
+            f"flatten: {name!r} already names the flattened axes "
+            f"{tuple(names[a] for a in known)} of {root!r}; got axes "
+            f"{tuple(names[a] for a in merged)}. Pick another name"
+        )
+    root._flattened[name] = merged
+    return DeviceMesh(
+        mesh.device_type,
+        mesh.mesh.reshape(-1),
+        mesh_dim_names=(name,),
+        _init_backend=mesh._init_backend,
+        _root=root,
+        _root_axes=(merged,),
+    )
+
+
+# Checking a mesh's arguments --------------------------------------------------------
+def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
+    """(rank grid, ranks row-major, axis names) of ``DeviceMesh``'s arguments.
+
+    Raises ``MeshError`` for anything malformed; pure and local, so every rank
+    given the same arguments raises the same error.
+    """
+    if init_backend:
+        check_device_type(device_type, "DeviceMesh")
+    elif not isinstance(device_type, str):
+        raise MeshError(
+            f"DeviceMesh: device_type must be a str like 'cpu' or 'cuda', "
+            f"got {device_type!r}"
+        )
+    try:
+        grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise MeshError(
+            f"DeviceMesh: mesh must be a (nested) list or tensor of ranks, "
+            f"got {mesh!r} ({e})"
+        ) from None
+    if grid.ndim == 0:
+        grid = grid.reshape(1)
+    ranks = tuple(grid.flatten().tolist())
+    if len(set(ranks)) != len(ranks) or any(r < 0 for r in ranks):
+        raise MeshError(
+            f"DeviceMesh: each rank may appear once and ranks are >= 0, got {ranks}"
+        )
+    if grid.numel() == 0:
+        raise MeshError(f"DeviceMesh: the mesh is empty: {mesh!r}")
+    world = _comm.get_world_size()
+    if init_backend and _comm.is_initialized() and max(ranks) >= world:
+        raise MeshError(
+            f"DeviceMesh: ranks {ranks} exceed the world of {world} ranks "
+            f"(valid ranks are 0..{world - 1})"
+        )
+    if mesh_dim_names is not None:
+        mesh_dim_names = tuple(mesh_dim_names)
+        if len(mesh_dim_names) != grid.ndim or len(set(mesh_dim_names)) != len(
+            mesh_dim_names
+        ):
+            raise MeshError(
+                f"DeviceMesh: expected {grid.ndim} unique mesh_dim_names, "
+                f"got {mesh_dim_names}"
+            )
+    return grid, ranks, mesh_dim_names
+
+
+# Checking a device type ------------------------------------------------------------
+def check_device_type(device_type, what: str) -> None:
+    """Raise ``MeshError`` unless this machine has devices of ``device_type``.
+
+    A pure local check, so on a homogeneous cluster every rank raises it.
+    """
+    if not isinstance(device_type, str) or not device_type.isalpha():
+        raise MeshError(
+            f"{what}: device_type must be a str like 'cpu' or 'cuda' "
+            f"(a type, no index), got {device_type!r}"
+        )
+    if device_type in ("cpu", "meta"):
+        return
+    module = getattr(torch, device_type, None)
+    available = getattr(module, "is_available", None)
+    if available is None:
+        raise MeshError(f"{what}: unknown device_type {device_type!r}; use 'cpu' or 'cuda'")
+    if not available():
+        raise MeshError(
+            f"{what}: device_type {device_type!r} but this machine has no "
+            f"{device_type} device (torch.{device_type}.is_available() is False); "
+            "use 'cpu' for a CPU-only machine"
+        )
+
+
+# Rebuilding a mesh from its pickle or from compiled code ----------------------------
+fx_meshes: dict[tuple, DeviceMesh] = {}
+
+
+def mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
+    """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
+    key = (device_type, ranks, shape, mesh_dim_names, rank, world)
+    mesh = fx_meshes.get(key)
+    if mesh is not None:
+        return mesh
+    here = (_comm.get_rank(), _comm.world_tag())
+    if (rank, world) != here:
+        # NOTE: compile caches key programs on rank and world, so this means a
+        # program was carried to another process by hand.
+        raise MeshError(
+            f"compiled code names mesh {ranks} of rank {rank} in world {world!r}, "
+            f"but this process is rank {here[0]} in world {here[1]!r}; recompile "
+            "in this world (clear the torch.compile caches)"
+        )
+    mesh = unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
+    return fx_meshes.setdefault(key, mesh)
+
+
+def unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
+    grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
+    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
