@@ -99,7 +99,8 @@ def distribute_tensor(
     at index ``src_data_rank`` of every mesh axis are used (broadcast first;
     the default 0 is the mesh's first member), or each rank's own when it is
     ``None``. ``Partial`` placements keep the value on one coordinate (sum)
-    or all of them (avg/max/min).
+    or all of them (avg/max/min). A meta tensor gives a meta DTensor (block
+    shapes only, no communication), for ``to_empty`` and initialisation later.
 
     Example:
         >>> distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)]).to_local().shape
@@ -115,11 +116,13 @@ def distribute_tensor(
     if placements is None:
         placements = replicated(mesh)
     _check_src_data_rank(mesh, src_data_rank)
+    meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
+    spec = DTensorSpec(mesh, tuple(placements), meta)
+    if tensor.is_meta:
+        return _meta_dtensor(tensor, spec)
     device = _device_of(mesh)
     if tensor.device.type != device.type:
         tensor = tensor.to(device)
-    meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
-    spec = DTensorSpec(mesh, tuple(placements), meta)
     if tensor.requires_grad and tensor.grad_fn is None:
         # A leaf (a parameter, say) gives a leaf DTensor that owns its .grad,
         # as in torch.distributed.tensor; computed tensors stay differentiable.
@@ -127,6 +130,18 @@ def distribute_tensor(
             out = _Distribute.apply(tensor.detach(), spec, src_data_rank)
         return out.requires_grad_(True)
     return _Distribute.apply(tensor, spec, src_data_rank)
+
+
+def _meta_dtensor(tensor: torch.Tensor, spec: DTensorSpec) -> DTensor:
+    """A meta DTensor: this rank's block shape, no values, no communication.
+
+    The meta-init pattern: build a model on the meta device, lay it out, then
+    ``module.to_empty(device=...)`` and initialise the blocks in place.
+    """
+    shape, _ = spec.local_block(spec.mesh.get_coordinate())
+    local = torch.empty(shape, dtype=tensor.dtype, device="meta")
+    out = DTensor(local, spec)
+    return out.requires_grad_(True) if tensor.requires_grad else out
 
 
 # Dispatch sits below this class (the class calls it) and wraps results in it.

@@ -125,3 +125,39 @@ def test_meta_module_is_laid_out_without_communication(world) -> None:
     assert m.weight.is_meta and m.weight.placements == (Replicate(),)
     m.to_empty(device="cpu")
     assert m.weight.to_local().shape == (6, 4) and not m.bias.is_meta
+
+
+@W2
+def test_distribute_tensor_of_a_meta_tensor_is_a_meta_dtensor(world) -> None:
+    from dtensor.debug import CommCounter
+
+    t = torch.empty(5, 4, device="meta", requires_grad=True)
+    with CommCounter() as c:
+        x = distribute_tensor(t, _mesh(), [Shard(0)])
+    assert c.total == 0
+    assert isinstance(x, DTensor) and x.is_meta and x.shape == (5, 4)
+    assert x.to_local().is_meta and x.to_local().shape == ((3, 4) if world.rank == 0 else (2, 4))
+    assert x.requires_grad and x.is_leaf
+
+
+@W2
+def test_meta_init_through_a_partition_fn_then_to_empty_and_init(world) -> None:
+    def shard_rows(name, mod, mesh):
+        if isinstance(mod, nn.Linear):
+            mod.weight = nn.Parameter(distribute_tensor(mod.weight, mesh, [Shard(0)]))
+
+    with torch.device("meta"):
+        m = nn.Linear(4, 6)
+    distribute_module(m, _mesh(), shard_rows)
+    assert m.weight.is_meta and m.weight.placements == (Shard(0),)
+    m.to_empty(device="cpu")
+    with torch.no_grad():
+        m.weight.copy_(distribute_tensor(torch.arange(24.0).reshape(6, 4), _mesh(), [Shard(0)]))
+        nn.init.ones_(m.bias)
+    ref = nn.Linear(4, 6)
+    with torch.no_grad():
+        ref.weight.copy_(torch.arange(24.0).reshape(6, 4))
+        ref.bias.fill_(1.0)
+    x = torch.arange(8.0).reshape(2, 4)
+    out = m(distribute_tensor(x, _mesh(), [Replicate()]))
+    assert torch.allclose(out.full_tensor(), ref(x))
