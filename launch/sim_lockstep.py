@@ -171,8 +171,10 @@ class SimLockstep:
             world.run(lambda rank: lock.call_on_rank(rank, lambda: item.obj(**kw)))
     """
 
-    def __init__(self, item: pytest.Item, n: int, timeout: float, replay: str) -> None:
+    def __init__(self, item: pytest.Item, n: int, timeout: float, replay: str,
+                 max_examples: int | None = None) -> None:
         self.item, self.n, self.replay = item, n, replay
+        self.max_examples = max_examples
         self.fn = getattr(item.obj, "__func__", item.obj)
         self.handle = self.fn.hypothesis
         self.given = set(getattr(self.handle, "_given_kwargs", {}) or {})
@@ -195,8 +197,9 @@ class SimLockstep:
             fn._hypothesis_internal_use_seed = self.seed
         checks = list(dict.fromkeys([*current.suppress_health_check,
                                      *(getattr(HealthCheck, c) for c in _TIMING_CHECKS)]))
+        more = {"max_examples": self.max_examples} if self.max_examples else {}
         fn._hypothesis_internal_use_settings = settings(
-            current, deadline=None, database=_db_class()(self.real_db),
+            current, **more, deadline=None, database=_db_class()(self.real_db),
             suppress_health_check=checks,
             phases=[p for p in current.phases if p != Phase.explain])
         inner = self.handle.inner_test

@@ -54,6 +54,9 @@ def add_options(parser: pytest.Parser) -> None:
                      "before reporting it (labels simulator faults)")
     g.addoption("--dist-sim-confirm-max", type=int, default=8,
                 help="largest real world --dist-sim-confirm launches (default 8)")
+    g.addoption("--dist-sim-examples", type=int, default=None,
+                help="max_examples of every @given test in a simulated world (e.g. a "
+                     "reduced count for 64-rank runs)")
     parser.addini("dist_sim_rank_init", default="",
                   help="module:function called as function(rank, size) on each "
                        "simulated rank thread (per-rank runtime state)")
@@ -104,7 +107,8 @@ class SimMode:
         if given:
             from launch.sim_lockstep import SimLockstep
 
-            lock = SimLockstep(item, n, timeout, replay=self.replay(item, n))
+            lock = SimLockstep(item, n, timeout, replay=self.replay(item, n),
+                               max_examples=self.config.getoption("dist_sim_examples"))
 
         def body(rank: int) -> Any:
             import torch.distributed as dist
@@ -165,6 +169,8 @@ class SimMode:
         config = self.config
         hook = getattr(config.hook, "pytest_lockstep_replay_args", None)
         extra = [w for ws in hook(config=config) for w in ws] if hook is not None else []
+        if config.getoption("dist_sim_examples"):
+            extra.append(f"--dist-sim-examples={config.getoption('dist_sim_examples')}")
         profile = config.getoption("hypothesis_profile", None)
         if profile:
             extra.append(f"--hypothesis-profile={profile}")
