@@ -181,6 +181,7 @@ class SimLockstep:
         self.rv = _Rendezvous(n, timeout)
         self.seed: int | None = None
         self.real_db: Any = None
+        self.examples = 0  # examples rank 0 ran (all ranks run the same)
 
     def __enter__(self) -> SimLockstep:
         from hypothesis import HealthCheck, Phase, settings
@@ -247,6 +248,8 @@ class SimLockstep:
         return result
 
     def _finish(self, run: _RankRun) -> None:
+        if run.rank == 0:
+            self.examples += run.k
         got = self.exchange(f"ex{run.k}", run.rank, {"h": "END", "o": "end", "e": "",
                                                      "x": "(no further example)"})
         self.check_same(got, f"ex{run.k}")

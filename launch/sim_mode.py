@@ -71,6 +71,7 @@ class SimMode:
         self.rank_init = _load(spec) if spec else None
         self.seed = config.getoption("dist_seed")
         self.sizes: set[int] = set()
+        self.examples = 0  # @given examples run (rank 0's count), for the summary
 
     def world_for(self, n: int | None) -> World:
         # The main thread is no rank; the test's ranks get theirs in _call.
@@ -124,6 +125,7 @@ class SimMode:
             if lock is not None:
                 with lock:
                     outs = w.run(body, timeout)
+                self.examples += lock.examples
             else:
                 outs = w.run(body, timeout)
         self._combine(item, n, outs)
@@ -222,7 +224,8 @@ class SimMode:
         if self.sizes:
             sizes = ", ".join(str(n) for n in sorted(self.sizes))
             terminalreporter.write_line(
-                f"launch: simulated worlds of {sizes} ranks (threads of this process)")
+                f"launch: simulated worlds of {sizes} ranks (threads of this process); "
+                f"{self.examples} hypothesis examples")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         for w in list(sim._worlds.values()):

@@ -1,0 +1,79 @@
+"""Property-suite throughput: a simulated world (ranks as threads, ``pytest
+--dist-sim``) against a real Gloo world of the same size, and a reduced
+64-rank run of every property.
+
+Both runs use the ``ci`` Hypothesis profile (derandomized: the same examples
+in both), so the ratio of wall times is the ratio of examples per second;
+the example count comes from the simulated run's summary line. Wall times
+include starting the world (a real world's start-up is part of its cost).
+
+    python bench/sim_throughput.py                      # 4 ranks, test_redistribute.py
+    python bench/sim_throughput.py --files tests/properties   # the whole suite
+    python bench/sim_throughput.py --big 64 --examples 2      # every property at 64 ranks
+
+Run it on a quiet machine; it prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pytest(files: list[str], sizes: str, extra: list[str]) -> tuple[float, str, int]:
+    env = dict(os.environ, DTENSOR_WORLD_SIZES=sizes)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "--hypothesis-profile=ci", "--dist-timeout", "600", *files, *extra]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    return time.perf_counter() - t0, out.stdout + out.stderr, out.returncode
+
+
+def _summary(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
+    return lines[-1].strip("= ") if lines else "(no summary)"
+
+
+def _examples(text: str) -> int | None:
+    m = re.search(r"(\d+) hypothesis examples", text)
+    return int(m.group(1)) if m else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", nargs="+", default=["tests/properties/test_redistribute.py"])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--big", type=int, default=0, help="also run every property at this size")
+    ap.add_argument("--examples", type=int, default=2, help="examples per property at --big")
+    ap.add_argument("--skip-real", action="store_true")
+    a = ap.parse_args()
+    n = str(a.ranks)
+    print(f"| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
+    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"])
+    ex = _examples(sim_out)
+    rate = ex / sim_s if ex else float("nan")
+    print(f"| simulated | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
+    if not a.skip_real:
+        real_s, real_out, _ = _pytest(a.files, n, [])
+        real_rate = ex / real_s if ex else float("nan")
+        print(f"| real (Gloo) | {n} | {real_s:.1f} | {ex} | {real_rate:.1f} | "
+              f"{_summary(real_out)} |")
+        print(f"\nsimulated / real examples per second: {real_s / sim_s:.2f}x")
+    if a.big:
+        big_s, big_out, rc = _pytest(["tests/properties"], str(a.big),
+                                     ["--dist-sim", f"--dist-sim-examples={a.examples}"])
+        print(f"\n{a.big}-rank simulated run of every property, {a.examples} examples each: "
+              f"{big_s:.0f} s, {_examples(big_out)} examples, {_summary(big_out)} (exit {rc})")
+        if rc:
+            print("\n".join(ln for ln in big_out.splitlines() if ln.startswith("FAIL")))
+
+
+if __name__ == "__main__":
+    main()
