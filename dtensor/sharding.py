@@ -18,7 +18,14 @@ from dtensor.errors import UnsupportedOpError
 from dtensor.placement import Placement
 from dtensor.spec import DTensorSpec
 
-__all__ = ["OpCall", "Sharding", "on_register", "register_rule", "registered_rule"]
+__all__ = [
+    "OpCall",
+    "Sharding",
+    "on_register",
+    "register_rule",
+    "registered_rule",
+    "writes_self",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,14 @@ class Sharding:
     scalar_reduce: str | None = None
     local: Any = None
     shapes: tuple[tuple[int, ...], ...] | None = None
+
+
+def writes_self(func) -> bool:
+    """``func`` writes its first argument (``add_``, ``copy_``): the one
+    definition of "in-place" that rules and dispatch share (dispatch reads it
+    once per overload, into its op record)."""
+    args = func._schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
 
 
 # Users' rules --------------------------------------------------------------------

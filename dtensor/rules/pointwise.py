@@ -13,7 +13,7 @@ import torch
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.rules._util import broadcast_shape, shard_through_broadcast
-from dtensor.sharding import Sharding
+from dtensor.sharding import Sharding, writes_self
 
 __all__ = ["RULES", "pointwise_rule"]
 
@@ -38,11 +38,6 @@ _SCALING = {
     aten.clone.default,
     aten.positive.default,
 }
-
-
-def _is_inplace(func) -> bool:
-    args = func._schema.arguments
-    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
 
 
 def _partial_ok(func, specs, axis: int) -> bool:
@@ -73,7 +68,7 @@ def pointwise_rule(call):
     shape = broadcast_shape(*(s.shape for s in specs))
     ndim = len(shape)
     mesh_ndim = specs[0].mesh.ndim
-    inplace = _is_inplace(func)
+    inplace = writes_self(func)
 
     def out_dim(s, d: int) -> int | None:
         """Output dim of input dim ``d``, or None where it is broadcast."""
