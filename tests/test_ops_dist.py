@@ -6,6 +6,7 @@ sizes included) and Partial inputs; zero-collective guarantees; errors."""
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -232,15 +233,23 @@ def test_random_ops_without_a_handler_raise_clearly(world) -> None:
 
 @W2
 def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
+    # A new op (no other test can have logged it) with no rule, called on
+    # three shapes: each call is a new call key, so each one propagates and
+    # reaches the replicate fallback; only the first may log.
+    name = f"dtensor_log_once_{uuid.uuid4().hex[:8]}"
+    lib = torch.library.Library(name, "DEF")
+    lib.define("flip2(Tensor x) -> Tensor")
+    lib.impl("flip2", lambda x: x.flip(0) * 2, "CompositeExplicitAutograd")
+    op = getattr(torch.ops, name).flip2.default
     mesh = _mesh(2)
-    x = torch.randn(5, 3)
-    a = distribute_tensor(x, mesh, [Shard(0)])
+    xs = [torch.randn(n, 3) for n in (4, 5, 6)]
     with caplog.at_level("DEBUG", logger="dtensor.dispatch"):
-        r1 = torch.ops.aten.trace(a)
-        torch.ops.aten.trace(a + 1)
-    assert torch.allclose(r1.full_tensor(), torch.trace(x))
-    hits = [r for r in caplog.records if "aten.trace.default" in r.getMessage()]
-    assert len(hits) == 1, [r.getMessage() for r in hits]
+        outs = [op(distribute_tensor(x, mesh, [Shard(0)])) for x in xs]
+    for x, out in zip(xs, outs, strict=True):
+        assert out.placements == (Replicate(),)
+        assert torch.equal(out.full_tensor(), x.flip(0) * 2)
+    hits = [r.getMessage() for r in caplog.records if f"{name}.flip2" in r.getMessage()]
+    assert len(hits) == 1, f"expected one log line for {op} over 3 calls, got {hits}"
 
 
 @W2
