@@ -1,15 +1,18 @@
-"""Deliberately broken runtimes: the property suite must catch each one.
+"""Deliberately broken runtimes: README's main job must catch each one.
 
 ``apply(name)`` monkeypatches one bug into the runtime of this process; the
 property suite's conftest (``tests/properties/conftest.py``) calls it on every rank when
-``DTENSOR_MUTANT=name`` is set. Run as a script, it runs the property suite
-once per mutant and reports whether a test that passes on the unmutated
-runtime now fails, with Hypothesis' minimal example:
+``DTENSOR_MUTANT=name`` is set (never otherwise). Run as a script, it runs
+README's main job (``torchrun --nproc_per_node=4 -m pytest tests/properties
+--hypothesis-profile=ci``) once unmutated and once per mutant (stopping at the
+first failure), counts a mutant caught when a test that passes unmutated
+fails, prints its minimal example and ``Replay:`` line, and ends with
+"N/M planted bugs caught by the main job":
 
-    python tools/mutants.py                       # every mutant, 2 ranks
-    python tools/mutants.py --nproc 4 gather_drops_last_uneven_shard
+    python tools/mutants.py --lock /tmp/dtensor-suite.lock   # every mutant
+    python tools/mutants.py --quick detach_returns_self       # its own file only
 
-Mutants:
+Mutants (docs/properties.md has the oracle that catches each):
     gather_drops_last_uneven_shard  uneven all-gather loses the last shard
     partial_to_replicate_skips_reduce  P -> R forgets the all-reduce
     random_same_offset_on_every_shard  every shard draws the numbers of the
@@ -18,6 +21,33 @@ Mutants:
         when redistributing (a one-rank group here, so it is counted, not hung)
     nonlinear_op_keeps_partial  a sharding rule keeps ``abs`` of a Partial
         input partial (abs is not linear)
+    gather_zeroes_tail_of_dim2_on_4  gathering tensor dim 2 of length 5 over a
+        mesh axis of 4 zeroes the last entry (rare: the ``ci`` profile misses
+        it; ``python -m launch fuzz`` finds it, see docs/fuzzing.md)
+    shard_range_balanced  shards split 2,1,1,1 (array_split), not torch.chunk's
+        2,2,1,0; self-consistent, so every full value survives
+    submesh_ignores_name_order  ``mesh["tp", "dp"]`` names its axes as asked
+        but keeps the parent's rank grid
+    get_local_rank_assumes_consecutive_ranks  ``get_local_rank`` computed
+        from the rank as if the mesh held consecutive ranks
+    detach_returns_self  ``detach()`` of a tensor without grad is the tensor
+        itself, so an in-place view on one reshapes the other
+    inplace_view_returns_new_tensor  ``t_()`` and friends return a reshaped
+        tensor and leave ``self`` as it was
+    fast_key_drops_value_kwargs  the fast-path cache keys ``keepdim=``,
+        ``dtype=``, ``memory_format=`` by type alone
+    propagation_cache_ignores_placements  the propagation cache keys a spec
+        by mesh and metadata, not placements
+    redistribute_grad_left_in_output_layout  the gradient through
+        ``redistribute`` keeps the output's layout (values still right)
+    to_local_ignores_grad_placements  ``to_local(grad_placements=...)`` is
+        ignored
+    run_check_trusts_each_rank  ``from_local(run_check=True)`` checks nothing
+    random_run_start_ignores_inner_offsets  a block that is one contiguous
+        run starts its stream at the offset of dim 0 alone
+    random_strided_runs_start_at_column_zero  every run of a strided block
+        starts at column 0 of the run dim
+    random_empty_block_comes_back_flat  an empty block is returned as shape (0,)
 """
 
 from __future__ import annotations
@@ -115,7 +145,252 @@ def _nonlinear_op_keeps_partial() -> None:
         return Sharding(inputs=(None,), outputs=(spec.placements,))
 
 
+def _gather_zeroes_tail_of_dim2_on_4() -> None:
+    from dtensor import redistribute
+
+    original = redistribute._gather
+
+    def _gather(local, step, global_shape, mesh_shape, coord, group):
+        out = original(local, step, global_shape, mesh_shape, coord, group)
+        dim = step.src.dim
+        if dim == 2 and mesh_shape[step.axis] == 4 and out.shape[dim] == 5:
+            out = out.clone()
+            out.narrow(dim, 4, 1).zero_()  # BUG: the tail of the last shard is lost
+        return out
+
+    redistribute._gather = _gather
+
+
+# -- layout conventions (caught by the per-rank oracle) -------------------------
+def _shard_range_balanced() -> None:
+    from dtensor import redistribute, spec
+
+    def shard_range(size, num_pieces, index):
+        # BUG: balanced pieces (numpy.array_split's 2,1,1,1) instead of
+        # torch.chunk's (2,2,1,0); self-consistent, so full values survive.
+        base, extra = divmod(size, num_pieces)
+        return index * base + min(index, extra), base + (index < extra)
+
+    spec.shard_range = shard_range
+    redistribute.shard_range = shard_range
+
+
+def _submesh_ignores_name_order() -> None:
+    from dtensor.mesh import DeviceMesh
+
+    original = DeviceMesh.__getitem__
+
+    def __getitem__(self, names):
+        names = (names,) if isinstance(names, str) else tuple(names)
+        axes = [self._axis(n) for n in names]
+        sub = original(self, tuple(self.mesh_dim_names[a] for a in sorted(axes)))
+        if axes == sorted(axes):
+            return sub
+        # BUG: the names follow the order asked, the rank grid keeps the parent's.
+        return DeviceMesh(self.device_type, sub.mesh, mesh_dim_names=names)
+
+    DeviceMesh.__getitem__ = __getitem__
+
+
+def _get_local_rank_assumes_consecutive_ranks() -> None:
+    import math
+
+    from dtensor.mesh import DeviceMesh
+
+    original = DeviceMesh.get_local_rank
+
+    def get_local_rank(self, mesh_dim=None):
+        original(self, mesh_dim)  # same errors
+        axis = self._axis(0 if mesh_dim is None else mesh_dim)
+        # BUG: arithmetic from the rank, as if the mesh held ranks[0], ranks[0]+1, ...
+        stride = math.prod(self.shape[axis + 1:])
+        return (self.get_rank() - self.ranks[0]) // stride % self.shape[axis]
+
+    DeviceMesh.get_local_rank = get_local_rank
+
+
+# -- aliasing after mutation --------------------------------------------------------
+def _detach_returns_self() -> None:
+    from dtensor.tensor import DTensor
+
+    original = DTensor.detach
+
+    def detach(self):
+        # BUG: "nothing to detach" fast path: the alias is the tensor itself,
+        # so an in-place view on one reshapes the other.
+        return self if not self.requires_grad else original(self)
+
+    DTensor.detach = detach
+
+
+def _inplace_view_returns_new_tensor() -> None:
+    from dtensor.dispatch import general
+
+    if hasattr(general, "_INPLACE_VIEWS"):  # dispatch before its cache module
+        def _inplace_view(func, args, kwargs):
+            out, _ = general.general(general._INPLACE_VIEWS[func], args, kwargs)
+            return out  # BUG: self keeps its old shape, spec and block
+    else:
+        def _inplace_view(info, args, kwargs, key):
+            # BUG: self keeps its old shape, spec and block
+            return general.general(info.twin, args, kwargs, None)
+
+    general._inplace_view = _inplace_view
+
+
+# -- caches ---------------------------------------------------------------------------
+def _fast_key_drops_value_kwargs() -> None:
+    import torch
+
+    from dtensor.dispatch import fast
+
+    value_types = (bool, torch.dtype, torch.memory_format)
+    if hasattr(fast, "_key_of"):
+        original_of = fast._key_of
+
+        def _key_of(v, t):
+            if t in value_types:
+                return t  # BUG: keyed by type alone, like float scalars
+            return original_of(v, t)
+
+        fast._key_of = _key_of
+        return
+    original = fast._key_value  # dispatch before its cache module
+
+    def _key_value(key, v, t):
+        if t in value_types:
+            key.append(t)  # BUG: keyed by type alone, like float scalars
+            return True
+        return original(key, v, t)
+
+    fast._key_value = _key_value
+
+
+def _propagation_cache_ignores_placements() -> None:
+    from dtensor.spec import DTensorSpec
+
+    try:
+        from dtensor.dispatch import cache, fast, general
+    except ImportError:  # dispatch before its cache module
+        from dtensor.dispatch import propagate
+
+        original = propagate._cache_sig
+
+        def _cache_sig(x):
+            if type(x) is DTensorSpec:
+                return (x.mesh, x.tensor_meta)  # BUG: placements left out of the key
+            return original(x)
+
+        propagate._cache_sig = _cache_sig
+        return
+
+    def coarse(key):  # BUG: placements left out of the call key
+        return tuple((k.mesh, k.tensor_meta) if type(k) is DTensorSpec else k for k in key)
+
+    class Table(dict):
+        def get(self, key, default=None):
+            return super().get(coarse(key), default)
+
+        def __setitem__(self, key, value):
+            super().__setitem__(coarse(key), value)
+
+    fast.TABLE = general.TABLE = cache.TABLE = Table()
+
+
+# -- gradient layouts and run_check ----------------------------------------------------
+def _redistribute_grad_left_in_output_layout() -> None:
+    from dtensor import tensor
+
+    def backward(ctx, grad):
+        return grad, None  # BUG: the gradient stays in the output's layout
+
+    tensor._Redistribute.backward = staticmethod(backward)
+
+
+def _to_local_ignores_grad_placements() -> None:
+    from dtensor.tensor import DTensor
+
+    original = DTensor.to_local
+
+    def to_local(self, *, grad_placements=None):
+        return original(self)  # BUG: grad_placements dropped
+
+    DTensor.to_local = to_local
+
+
+def _run_check_trusts_each_rank() -> None:
+    from dtensor import _local_check
+
+    def run_check(local, mesh, placements, shape, stride, norm):
+        return local, shape  # BUG: no agreement; each rank infers its own shape
+
+    _local_check.run_check = run_check
+
+
+# -- random-op blocks of each shape class --------------------------------------------
+def _one_run(gs, ls) -> tuple[int, bool]:
+    """(the block's run dim, whether the block is one contiguous run)."""
+    j = max(len(gs) - 1, 0)
+    while j > 0 and ls[j] == gs[j]:
+        j -= 1
+    return j, all(n == 1 for n in ls[:j])
+
+
+def _random_block_mutant(change=None, *, flat_empty: bool = False) -> None:
+    from dtensor import _random_blocks as rng
+
+    original = rng._generate
+
+    def _generate(seed, offset, gs, lo, ls, *args, **kwargs):
+        if change is not None:
+            lo = change(tuple(gs), tuple(lo), tuple(ls))
+        out = original(seed, offset, gs, lo, ls, *args, **kwargs)
+        if flat_empty and out.numel() == 0:
+            return out.reshape(0)  # BUG: an empty block comes back flat
+        return out
+
+    rng._generate = _generate
+
+
+def _inner_offsets_dropped(gs, lo, ls):
+    j, run = _one_run(gs, ls)
+    if run and len(lo) > 1 and min(ls, default=1) > 0:
+        return (lo[0],) + (0,) * (len(lo) - 1)  # BUG: a run's start ignores inner dims
+    return lo
+
+
+def _runs_from_column_zero(gs, lo, ls):
+    j, run = _one_run(gs, ls)
+    if not run and min(ls, default=1) > 0:
+        return lo[:j] + (0,) + lo[j + 1:]  # BUG: every run starts at column 0
+    return lo
+
+
+def _gather_zeroes_eighth_piece_on_wide_axis() -> None:
+    # Issue 22: a layout bug that needs >= 8 ranks on one mesh axis, so real
+    # 4-rank worlds never see it; simulated 16- and 64-rank worlds catch it.
+    from dtensor import redistribute
+    from dtensor.spec import shard_range
+
+    original = redistribute._gather
+
+    def _gather(local, step, global_shape, mesh_shape, coord, group):
+        out = original(local, step, global_shape, mesh_shape, coord, group)
+        n, dim = mesh_shape[step.axis], step.src.dim
+        size = out.shape[dim]
+        if n >= 8 and size % n:
+            start, length = shard_range(size, n, 7)
+            if length:
+                out = out.clone()
+                out.narrow(dim, start, length).zero_()  # BUG: the 8th piece is lost
+        return out
+
+    redistribute._gather = _gather
+
+
 MUTANTS = {
+    "gather_zeroes_eighth_piece_on_wide_axis": (_gather_zeroes_eighth_piece_on_wide_axis,
+                                                "tests/properties/test_redistribute.py"),
     "gather_drops_last_uneven_shard": (_gather_drops_last_uneven_shard,
                                        "tests/properties/test_redistribute.py"),
     "partial_to_replicate_skips_reduce": (_partial_to_replicate_skips_reduce,
@@ -126,7 +401,42 @@ MUTANTS = {
                                   "tests/properties/test_outsiders.py"),
     "nonlinear_op_keeps_partial": (_nonlinear_op_keeps_partial,
                                    "tests/properties/test_ops.py"),
+    "gather_zeroes_tail_of_dim2_on_4": (_gather_zeroes_tail_of_dim2_on_4,
+                                        "tests/properties/test_redistribute.py"),
+    # issue 20: bugs that leave full values intact or hide from generic draws
+    "shard_range_balanced": (_shard_range_balanced, "tests/properties/test_redistribute.py"),
+    "submesh_ignores_name_order": (_submesh_ignores_name_order,
+                                   "tests/properties/test_layouts.py"),
+    "get_local_rank_assumes_consecutive_ranks": (_get_local_rank_assumes_consecutive_ranks,
+                                                 "tests/properties/test_outsiders.py"),
+    "detach_returns_self": (_detach_returns_self, "tests/properties/test_aliasing.py"),
+    "inplace_view_returns_new_tensor": (_inplace_view_returns_new_tensor,
+                                        "tests/properties/test_aliasing.py"),
+    "fast_key_drops_value_kwargs": (_fast_key_drops_value_kwargs,
+                                    "tests/properties/test_caches.py"),
+    "propagation_cache_ignores_placements": (_propagation_cache_ignores_placements,
+                                             "tests/properties/test_caches.py"),
+    "redistribute_grad_left_in_output_layout": (_redistribute_grad_left_in_output_layout,
+                                                "tests/properties/test_grad_layouts.py"),
+    "to_local_ignores_grad_placements": (_to_local_ignores_grad_placements,
+                                         "tests/properties/test_grad_layouts.py"),
+    "run_check_trusts_each_rank": (_run_check_trusts_each_rank,
+                                   "tests/properties/test_run_check.py"),
+    "random_run_start_ignores_inner_offsets": (
+        lambda: _random_block_mutant(_inner_offsets_dropped), "tests/properties/test_random.py"),
+    "random_strided_runs_start_at_column_zero": (
+        lambda: _random_block_mutant(_runs_from_column_zero), "tests/properties/test_random.py"),
+    "random_empty_block_comes_back_flat": (
+        lambda: _random_block_mutant(flat_empty=True), "tests/properties/test_random.py"),
 }
+
+
+# Planted for fuzzing sessions (docs/fuzzing.md): the ci profile misses them
+# by design, so the default run (every mutant) leaves them out.
+FUZZ_ONLY = {"gather_zeroes_tail_of_dim2_on_4"}
+# Needs >= 8 ranks on one axis: caught by simulated worlds only (issue 22:
+# DTENSOR_WORLD_SIZES=16 pytest --dist-sim), so the 4-rank default run skips it.
+FUZZ_ONLY |= {"gather_zeroes_eighth_piece_on_wide_axis"}
 
 
 def apply(name: str) -> None:
@@ -136,11 +446,20 @@ def apply(name: str) -> None:
     MUTANTS[name][0]()
 
 
-def _pytest(target: str, nproc: int, profile: str, mutant: str | None) -> tuple[set, float, str]:
-    """(failed test ids, seconds, output) of the suite at ``target``."""
-    cmd = ["torchrun", f"--nproc_per_node={nproc}", "-m", "pytest", "-p",
+#: README's main job: the property suite on a 4-rank world, ``ci`` profile.
+MAIN_JOB = ("tests/properties", 4, "ci")
+
+
+#: ``--lock PATH``: each pytest run waits for ``flock PATH`` (a shared machine).
+LOCK: list[str] = []
+
+
+def _pytest(target: str, nproc: int, profile: str, mutant: str | None,
+            first_failure: bool = False) -> tuple[set, float, str]:
+    """(failed test ids, pytest's seconds, output) of the suite at ``target``."""
+    cmd = [*LOCK, "torchrun", f"--nproc_per_node={nproc}", "-m", "pytest", "-p",
            "launch.hypothesis_lockstep", target, "-q", "-rf", "-p", "no:cacheprovider",
-           f"--hypothesis-profile={profile}"]
+           f"--hypothesis-profile={profile}", *(["-x"] if first_failure else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("DTENSOR_MUTANT", None)
     if mutant:
@@ -148,18 +467,24 @@ def _pytest(target: str, nproc: int, profile: str, mutant: str | None) -> tuple[
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
+    took = re.findall(r"(?:passed|failed|error|errors)[^\n]* in ([\d.]+)s", out)
+    # pytest's own time: the wall time would include waiting for the lock
+    seconds = float(took[-1]) if took else time.monotonic() - t0
     failed = set(re.findall(r"^FAILED (\S+)", out, re.M))
-    return failed, time.monotonic() - t0, out
+    return failed, seconds, out
 
 
 def run(name: str, nproc: int, target: str | None, profile: str,
-        baseline: dict[str, set]) -> tuple[bool, float, str]:
+        baseline: dict[str, set] | None) -> tuple[bool, float, str]:
     """Run ``target`` with mutant ``name``: caught when a test that passes on
-    the unmutated runtime (``baseline``, filled on demand) fails."""
+    the unmutated runtime (``baseline``, filled on demand; None: every test
+    passes unmutated) fails. The mutated run stops at its first failure."""
     target = target or MUTANTS[name][1]
-    if target not in baseline:
+    if baseline is None:
+        baseline = {target: set()}
+    elif target not in baseline:
         baseline[target] = _pytest(target, nproc, profile, None)[0]
-    failed, dt, out = _pytest(target, nproc, profile, name)
+    failed, dt, out = _pytest(target, nproc, profile, name, first_failure=True)
     new = sorted(failed - baseline[target])
     return bool(new), dt, _excerpt(out, new)
 
@@ -173,7 +498,7 @@ def _excerpt(out: str, new: list[str]) -> str:
                 n.split("::")[-1] in "\n".join(lines[i:i + 80]) for n in new):
             keep.append(line.split("RankFailure: ", 1)[1].strip())
             errs = [x for x in lines[i + 1:i + 40] if re.match(r"E\s+\w*(Error|Exception):", x)]
-            keep += [e[1:].strip() for e in errs[:1]]
+            keep += [e[1:].strip()[:400] for e in errs[:1]]
             rep = [x for x in lines[i + 1:i + 80] if "Replay:" in x]
             keep += [r[1:].strip() for r in rep[:1]]
             break
@@ -184,20 +509,36 @@ def _excerpt(out: str, new: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help=f"mutants (default: all): {sorted(MUTANTS)}")
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--target", default=None, help="pytest target (default: per mutant)")
+    ap.add_argument("--quick", action="store_true",
+                    help="run each mutant's own property file, not the whole main job")
+    ap.add_argument("--nproc", type=int, default=None, help="ranks (default: 4, as README)")
+    ap.add_argument("--target", default=None, help="pytest target (default: the main job)")
     ap.add_argument("--profile", default="ci")
+    ap.add_argument("--lock", default=None, help="flock this file around each pytest run")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the unmutated run (when it is known to pass)")
     args = ap.parse_args()
-    names = args.names or list(MUTANTS)
+    if args.lock:
+        LOCK[:] = ["flock", args.lock]
+    names = args.names or [n for n in MUTANTS if n not in FUZZ_ONLY]
+    main_target, main_nproc, main_profile = MAIN_JOB
+    nproc = args.nproc or main_nproc
+    target = args.target or (None if args.quick else main_target)
+    is_main = (target == main_target and nproc == main_nproc
+               and args.profile == main_profile)
     missed: list[str] = []
-    baseline: dict[str, set] = {}
+    baseline: dict[str, set] | None = None if args.no_baseline else {}
     for name in names:
-        caught, dt, excerpt = run(name, args.nproc, args.target, args.profile, baseline)
-        print(f"== {name}: {'CAUGHT' if caught else 'NOT CAUGHT'} ({dt:.1f}s)")
-        print("   " + excerpt.replace("\n", "\n   "))
+        caught, dt, excerpt = run(name, nproc, target, args.profile, baseline)
+        print(f"== {name}: {'CAUGHT' if caught else 'NOT CAUGHT'} ({dt:.1f}s)", flush=True)
+        print("   " + excerpt.replace("\n", "\n   "), flush=True)
         if not caught:
             missed.append(name)
-    print(f"{len(names) - len(missed)}/{len(names)} mutants caught")
+    where = "the main job" if is_main else (
+        f"{target or 'their own property files'} ({nproc} ranks, {args.profile})")
+    skipped = f"; fuzz-only, not run: {sorted(FUZZ_ONLY)}" if not args.names else ""
+    print(f"{len(names) - len(missed)}/{len(names)} planted bugs caught by {where}"
+          + (f"; missed: {missed}" if missed else "") + skipped)
     return 1 if missed else 0
 
 
