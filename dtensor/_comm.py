@@ -70,6 +70,10 @@ _REDUCE = {
     "min": dist.ReduceOp.MIN,
     # Gloo has no AVG: averaging is a sum then a division (see all_reduce).
     "avg": dist.ReduceOp.SUM,
+    "product": dist.ReduceOp.PRODUCT,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
 }
 
 
@@ -216,7 +220,8 @@ def _wire(t: torch.Tensor, reduce_op: str | None = None):
     if carriers is None:
         return t.contiguous(), None
     carrier = carriers[0] if reduce_op is None else carriers[1]
-    if carrier is None or (t.dtype == torch.uint64 and reduce_op not in (None, "sum")):
+    # Two's complement: int64 sums, products and bitwise ops have the uint64 bits.
+    if carrier is None or (t.dtype == torch.uint64 and reduce_op in ("max", "min", "avg")):
         raise ShardingError(
             f"all_reduce({reduce_op}) of {t.dtype} is not supported by the backend; "
             "cast to int64 or a float dtype first"
@@ -239,7 +244,7 @@ def _restore(buf: torch.Tensor, back: torch.dtype | None) -> torch.Tensor:
 
 
 def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
-    """Reduce ``t`` over ``group`` with ``op`` (sum/avg/max/min); returns a new tensor."""
+    """Reduce ``t`` over ``group`` with ``op`` (a ``Partial`` reduce op); returns a new tensor."""
     if t.numel() == 0:
         return t.clone()
     count("all_reduce", t)

@@ -19,6 +19,7 @@ from typing import ClassVar
 from dtensor.errors import PlacementError
 
 __all__ = [
+    "ALL_REDUCE_OPS",
     "REDUCE_OPS",
     "Partial",
     "Placement",
@@ -30,8 +31,17 @@ __all__ = [
     "replicated",
 ]
 
-#: Reduce ops a ``Partial`` placement may carry.
+#: Reduce ops every rule and every dtype supports (the property tests draw these).
 REDUCE_OPS = ("sum", "avg", "max", "min")
+#: Every reduce op a ``Partial`` placement may carry: ``REDUCE_OPS`` plus the
+#: other ``torch.distributed.ReduceOp`` kinds (PyTorch's names). ``product``
+#: needs a real dtype; the bitwise ones an integer or bool dtype.
+ALL_REDUCE_OPS = (*REDUCE_OPS, "product", "band", "bor", "bxor")
+#: Other spellings accepted (and normalised) by ``Partial``.
+_ALIASES = {"prod": "product"}
+# Ops where n copies of a value reduce to that value: a replicated value
+# becomes partial by keeping it on every coordinate.
+_IDEMPOTENT = frozenset(("avg", "max", "min", "band", "bor"))
 
 
 class Placement:
@@ -100,18 +110,27 @@ class Replicate(Placement):
 class Partial(Placement):
     """Coordinates hold partial values; the tensor is their ``reduce_op``.
 
-    ``reduce_op`` is one of ``"sum"``, ``"avg"``, ``"max"``, ``"min"``.
+    ``reduce_op`` is one of ``ALL_REDUCE_OPS``: ``"sum"``, ``"avg"``,
+    ``"max"``, ``"min"``, ``"product"`` (also spelled ``"prod"``), ``"band"``,
+    ``"bor"``, ``"bxor"``; case does not matter. The name is stored in its
+    canonical form, so ``Partial("prod") == Partial("product")``.
     """
 
     reduce_op: str = "sum"
     kind: ClassVar[str] = "partial"
 
     def __post_init__(self) -> None:
-        if self.reduce_op not in REDUCE_OPS:
+        op = self.reduce_op
+        if isinstance(op, str):
+            op = op.lower()
+            op = _ALIASES.get(op, op)
+        if op not in ALL_REDUCE_OPS:
             raise PlacementError(
-                f"Partial(reduce_op): expected one of {REDUCE_OPS}, "
+                f"Partial(reduce_op): expected one of {ALL_REDUCE_OPS} (or 'prod'), "
                 f"got {self.reduce_op!r}"
             )
+        if op != self.reduce_op:
+            object.__setattr__(self, "reduce_op", op)
 
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return reduce_op is None or reduce_op == self.reduce_op
@@ -121,6 +140,16 @@ class Partial(Placement):
         """The value is linear in the pieces (sum, avg): linear ops may act on
         each piece without reducing first. A max or min of pieces is not."""
         return self.reduce_op in ("sum", "avg")
+
+    @property
+    def is_idempotent(self) -> bool:
+        """n copies of a value reduce to the value (avg, max, min, band, bor)."""
+        return self.reduce_op in _IDEMPOTENT
+
+    def identity(self):
+        """The value that leaves others unchanged under ``reduce_op`` (0 for
+        sum and bxor, 1 for product); None for idempotent ops, which need none."""
+        return {"sum": 0, "bxor": 0, "product": 1}.get(self.reduce_op)
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"

@@ -24,7 +24,13 @@ in nesting order are sliced (free, and every later collective moves less):
    innermost axis first over all dims (with nested sharding only the innermost piece can be
    gathered without reordering rows, the bug behind upstream issue 194457).
 3. slice: target shards not yet in place are cut locally, outer axis first.
-4. partial: ``Replicate`` axes that become ``Partial`` keep or zero values.
+4. partial: ``Replicate`` axes that become ``Partial`` keep the value on
+   every coordinate (idempotent ops) or on coordinate 0, the op's identity
+   elsewhere (sum, product, bxor); see ``_to_partial``.
+
+Several ``Partial`` axes reduce in axis order; an axis the target keeps
+partial is still reduced (and made partial again) when a higher axis with a
+non-commuting op is reduced (``_kept_but_reduced``).
 
 Example:
     >>> plan((Shard(0), Shard(0)), (Replicate(), Shard(0)), (2, 2))
@@ -42,10 +48,20 @@ import torch
 
 from dtensor import _comm
 from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost
+from dtensor.errors import ShardingError
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
 
-__all__ = ["Step", "empty_local", "execute", "plan", "redistribute_local"]
+__all__ = [
+    "Step",
+    "commute",
+    "empty_local",
+    "execute",
+    "grad_placements",
+    "plan",
+    "redistribute_cast",
+    "redistribute_local",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,11 @@ def plan(
 def _plan(src: tuple, dst: tuple, mesh_shape: tuple, global_shape: tuple | None) -> tuple[Step, ...]:
     if src == dst:
         return ()
+    redo = _kept_but_reduced(src, dst)
+    if redo:
+        # Reduce those axes too, then make them partial again (see below).
+        mid = tuple(Replicate() if a in redo else d for a, d in enumerate(dst))
+        return _plan(src, mid, mesh_shape, global_shape) + _plan(mid, dst, mesh_shape, global_shape)
     shape = global_shape if global_shape is not None else even_shape(src, dst, mesh_shape)
     ordered = _phase_plan(src, dst)
     # NOTE: no fixed ordering is cheapest everywhere: reducing a Partial axis
@@ -108,6 +129,30 @@ def _plan(src: tuple, dst: tuple, mesh_shape: tuple, global_shape: tuple | None)
                            in_axis_order=not (ops <= {"sum", "avg"} or len(ops) == 1),
                            budget=plan_cost(ordered, mesh_shape, shape) - 1e-9)
     return ordered if moves is None else _replay(src, dst, moves)
+
+
+def commute(a: str, b: str) -> bool:
+    """Reducing over two mesh axes with ops ``a`` and ``b`` gives the same
+    value in either order (same op, or both linear)."""
+    return a == b or {a, b} <= {"sum", "avg"}
+
+
+def _kept_but_reduced(src: tuple, dst: tuple) -> tuple[int, ...]:
+    """Partial axes the target keeps whose reduction must still happen now.
+
+    Pieces on several Partial axes reduce in axis order (axis 0 first). A
+    higher axis can only be reduced while a lower one stays partial when the
+    two ops commute: ``max_j sum_i x[i, j]`` is not ``sum_i max_j x[i, j]``.
+    Otherwise the lower axis is reduced first and made partial again.
+    """
+    redo = []
+    for a, (s, d) in enumerate(zip(src, dst, strict=True)):
+        if isinstance(s, Partial) and s == d and any(
+            isinstance(q, Partial) and q != dst[k] and not commute(s.reduce_op, q.reduce_op)
+            for k, q in enumerate(src[a + 1:], start=a + 1)
+        ):
+            redo.append(a)
+    return tuple(redo)
 
 
 def _replay(src: tuple, dst: tuple, moves) -> tuple[Step, ...]:
@@ -127,6 +172,10 @@ def _replay(src: tuple, dst: tuple, moves) -> tuple[Step, ...]:
 
 def _phase_plan(src: tuple, dst: tuple) -> tuple[Step, ...]:
     """The four-phase plan of the module docstring."""
+    redo = _kept_but_reduced(src, dst)
+    if redo:
+        mid = tuple(Replicate() if a in redo else d for a, d in enumerate(dst))
+        return _phase_plan(src, mid) + _phase_plan(mid, dst)
     cur = list(src)
     steps: list[Step] = []
 
@@ -225,11 +274,32 @@ def execute(
         elif step.kind == "slice":
             local = _slice(local, step, global_shape, mesh.shape, coord)
         elif step.kind == "to_partial":
-            if step.dst.reduce_op == "sum" and coord[step.axis] != 0:
-                local = torch.zeros_like(local)
+            local = _to_partial(local, step, coord)
         else:  # pragma: no cover - plan() emits only the kinds above
             raise AssertionError(step.kind)
     return local
+
+
+def _to_partial(local: torch.Tensor, step: Step, coord) -> torch.Tensor:
+    """This coordinate's piece when ``step.axis`` turns Replicate into Partial.
+
+    Idempotent ops (avg, max, min, band, bor) keep the value everywhere.
+    Otherwise coordinate 0 keeps it and the others hold pieces that reduce to
+    the op's identity (0 for sum and bxor, 1 for product). Lower Partial axes
+    are reduced first (axis order), so a rank at a non-zero coordinate of such
+    an axis holds that axis's identity instead: its slice then still reduces
+    to the identity this axis needs.
+    """
+    p = step.dst
+    if p.is_idempotent or coord[step.axis] == 0:
+        return local
+    fill = p.identity()
+    for a in range(step.axis):
+        q = step.before[a]
+        if isinstance(q, Partial) and not q.is_idempotent and coord[a] != 0:
+            fill = q.identity()
+            break
+    return torch.full_like(local, fill)
 
 
 def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) -> torch.Tensor:
@@ -288,3 +358,88 @@ def _slice(local, step, global_shape, mesh_shape, coord) -> torch.Tensor:
     # clone: the shard must not alias the replicated source (a later in-place
     # op on one would silently change the other).
     return local.narrow(dim, start, size).clone()
+
+
+# Autograd-facing helpers (dtensor.tensor's redistribute calls them) ----------
+def grad_placements(src: Sequence[Placement], grad: Sequence[Placement]) -> tuple[Placement, ...]:
+    """Layout the gradient of ``redistribute`` takes on its way back to ``src``.
+
+    Where the source was ``Partial`` the gradient keeps the layout it arrives
+    in: the gradient is of the global value, which every layout of it holds
+    exactly, so reducing it there would only move bytes (an all-reduce of the
+    whole gradient per axis) that a later step reduces anyway. PyTorch's
+    ``Partial -> Partial`` backward keeps ``Partial(sum)`` for the same
+    reason. Every other axis takes the source's layout.
+
+    Example:
+        >>> grad_placements((Partial(), Shard(0)), (Partial(), Replicate()))
+        (Partial(reduce_op='sum'), Shard(dim=0))
+    """
+    return tuple(g if isinstance(s, Partial) else s for s, g in zip(src, grad, strict=True))
+
+
+def redistribute_cast(x, mesh, dst: tuple[Placement, ...], forward_dtype, backward_dtype):
+    """``x.redistribute(mesh, dst, forward_dtype=..., backward_dtype=...)``.
+
+    The block is cast to ``forward_dtype`` before it moves (the collectives
+    run, and the result stays, in that dtype). In backward the gradient is
+    cast to ``backward_dtype`` (default: ``x``'s dtype) before its
+    collectives and arrives back in ``x``'s dtype, as in PyTorch.
+    """
+    for name, dt in (("forward_dtype", forward_dtype), ("backward_dtype", backward_dtype)):
+        if dt is not None and not isinstance(dt, torch.dtype):
+            raise ShardingError(
+                f"redistribute: {name} must be a torch.dtype or None, got {dt!r} "
+                f"({type(dt).__name__}), e.g. {name}=torch.bfloat16"
+            )
+    fwd = forward_dtype or x.dtype
+    bwd = backward_dtype or x.dtype
+    if fwd != x.dtype and x._spec.has_partial() and not (
+        fwd.is_floating_point and x.dtype.is_floating_point
+    ):
+        # Rounding each piece to an integer is not rounding their sum.
+        raise ShardingError(
+            f"redistribute: cannot cast the Partial pieces of {x._spec} to {fwd} "
+            "before reducing them; cast between floating dtypes, or redistribute "
+            "to Replicate() first"
+        )
+    if x.requires_grad and torch.is_grad_enabled():
+        return _CastRedistribute.apply(x, dst, fwd, bwd)
+    return _cast_move(x, x._spec.with_placements(dst), fwd)
+
+
+def _with_dtype(spec: DTensorSpec, dtype: torch.dtype) -> DTensorSpec:
+    meta = spec.tensor_meta
+    return spec.with_meta(type(meta)(meta.shape, meta.stride, dtype))
+
+
+def _cast_move(x, dst: DTensorSpec, dtype: torch.dtype):
+    """``x`` (a DTensor) cast to ``dtype``, then laid out like ``dst``."""
+    src = _with_dtype(x._spec, dtype)
+    local = redistribute_local(x._local_tensor.to(dtype), src, _with_dtype(dst, dtype))
+    return type(x)(local, _with_dtype(dst, dtype))
+
+
+class _CastRedistribute(torch.autograd.Function):
+    """Cast, then redistribute, in forward; in backward cast the gradient to
+    the backward dtype, move it back to the source layout (see
+    ``grad_placements``) and cast it to the source's dtype.
+
+    (A cast node of its own after the redistribute would not do: autograd
+    casts every gradient back to the dtype of the tensor it flows to, so the
+    collectives would run in the forward dtype.)
+    """
+
+    @staticmethod
+    def forward(ctx, x, dst, fwd, bwd):
+        ctx.src, ctx.bwd = x._spec, bwd
+        return _cast_move(x, x._spec.with_placements(dst), fwd)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not hasattr(grad, "_spec"):
+            raise ShardingError("redistribute backward: expected a DTensor gradient")
+        src = ctx.src
+        want = grad._spec.with_placements(grad_placements(src.placements, grad._spec.placements))
+        g = _cast_move(grad, want, ctx.bwd)
+        return g if g.dtype == src.dtype else g.to(src.dtype), None, None, None

@@ -182,6 +182,9 @@ class DTensorSpec:
             self.placements, self.mesh.ndim, self.tensor_meta.ndim
         )
         object.__setattr__(self, "placements", placements)
+        for p in placements:
+            if p.kind == "partial" and p.reduce_op in _DTYPE_BOUND:
+                _check_partial_dtype(p, self.tensor_meta.dtype)
         object.__setattr__(
             self, "_hash", hash((self.mesh, placements, self.tensor_meta))
         )
@@ -267,6 +270,27 @@ class DTensorSpec:
 
 # Specs derived by with_placements, shared: safe because specs are immutable.
 _derived: dict = {}
+
+# Partial reduce ops that only some dtypes support.
+_DTYPE_BOUND = frozenset(("product", "band", "bor", "bxor"))
+
+
+def _check_partial_dtype(p: Partial, dtype: torch.dtype) -> None:
+    """Refuse a Partial op the dtype cannot be reduced with (before any rank
+    communicates: every rank builds the same spec, so all raise alike)."""
+    if p.reduce_op == "product":
+        # NOTE: complex values travel as (real, imag) pairs; a product of
+        # pairs is not the complex product.
+        ok = not dtype.is_complex
+        need = "a real dtype"
+    else:
+        ok = dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex)
+        need = "an integer or bool dtype"
+    if not ok:
+        raise PlacementError(
+            f"{p!r}: needs {need}, got {dtype}. Cast first (x.to(torch.int64)) "
+            "or use Partial('sum'/'avg'/'max'/'min')"
+        )
 
 
 def shard_range(size: int, num_pieces: int, index: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@ are autograd functions, so gradients flow between local and distributed code.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +29,8 @@ from dtensor.placement import (
     replicated,
 )
 from dtensor.redistribute import empty_local as _empty_local
+from dtensor.redistribute import grad_placements as _grad_placements
+from dtensor.redistribute import redistribute_cast as _redistribute_cast
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
@@ -80,6 +83,14 @@ class DTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
+        if requires_grad is False and local_tensor.requires_grad:
+            # PyTorch's DTensor warns the same (its tests expect the warning):
+            # the DTensor would silently cut the local tensor's graph.
+            warnings.warn(
+                "To construct DTensor from torch.Tensor, it's recommended to use "
+                "local_tensor.detach() and make requires_grad consistent.",
+                stacklevel=2,
+            )
         meta = spec.tensor_meta
         r = torch.Tensor._make_wrapper_subclass(
             cls,
@@ -252,8 +263,16 @@ class DTensor(torch.Tensor):
         placements: Sequence[Placement] | None = None,
         *,
         async_op: bool = False,
+        forward_dtype: torch.dtype | None = None,
+        backward_dtype: torch.dtype | None = None,
     ) -> DTensor:
         """The same global tensor laid out by ``placements`` (differentiable).
+
+        ``forward_dtype`` casts the block before it moves (the result keeps
+        that dtype); ``backward_dtype`` is the dtype of the gradient's
+        collectives (default: this tensor's), the gradient arriving in this
+        tensor's dtype. ``async_op`` is accepted for PyTorch's signature;
+        collectives complete before this returns.
 
         Example:
             >>> x.redistribute(mesh, [Replicate()]).to_local()   # all-gather
@@ -267,6 +286,8 @@ class DTensor(torch.Tensor):
         if placements is None:
             placements = [Replicate() if p.is_partial() else p for p in self.placements]
         dst = _norm(placements, mesh, self.ndim)
+        if forward_dtype is not None or backward_dtype is not None:
+            return _redistribute_cast(self, mesh, dst, forward_dtype, backward_dtype)
         if dst == self._spec.placements:
             return self
         spec = self._spec.with_placements(dst)
@@ -303,13 +324,13 @@ def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
 
 
 def _partial_scale(src: DTensorSpec) -> int:
-    """Divisor of the gradient for ``Partial(avg)`` axes; rejects max/min."""
+    """Divisor of the gradient for ``Partial(avg)`` axes; rejects ops other than sum/avg."""
     scale = 1
     for axis, p in enumerate(src.placements):
         if isinstance(p, Partial):
             if p.reduce_op == "avg":
                 scale *= src.mesh.shape[axis]
-            elif p.reduce_op in ("max", "min"):
+            elif p.reduce_op != "sum":
                 raise ShardingError(
                     f"backward through Partial({p.reduce_op!r}) on mesh axis {axis} is "
                     "not supported; redistribute to Replicate() before differentiating"
@@ -339,6 +360,12 @@ class _Redistribute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if isinstance(grad, DTensor) and ctx.src.has_partial():
+            # Partial source axes keep the gradient's layout (no bytes moved;
+            # see dtensor.redistribute.grad_placements).
+            gspec = grad._spec
+            want = gspec.with_placements(_grad_placements(ctx.src.placements, gspec.placements))
+            return DTensor(redistribute_local(grad._local_tensor, gspec, want), want), None
         return _redistribute_grad(grad, ctx.src), None
 
 

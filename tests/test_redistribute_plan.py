@@ -17,7 +17,7 @@ import torch
 
 from dtensor import Partial, Replicate, Shard
 from dtensor._plan_cost import plan_cost
-from dtensor.redistribute import Step, _phase_plan, plan
+from dtensor.redistribute import Step, _kept_but_reduced, _phase_plan, plan
 from dtensor.spec import local_block, shard_range
 
 MESHES = [(3,), (2, 2), (2, 1, 2)]
@@ -192,13 +192,15 @@ def test_two_partials_to_replicate_reduce_scatter_in_between() -> None:
 def _naive_plan(src, dst, mesh_shape):
     """Reference: all-reduce every Partial, gather every shard, then cut."""
     cur, steps = list(src), []
+    # A kept partial axis below a non-commuting reduction is reduced too.
+    redo = _kept_but_reduced(tuple(src), tuple(dst))
 
     def emit(axis, kind, new):
         steps.append(Step(axis, kind, cur[axis], new, tuple(cur)))
         cur[axis] = new
 
     for axis, (s, d) in enumerate(zip(src, dst, strict=True)):
-        if isinstance(s, Partial) and s != d:
+        if isinstance(s, Partial) and (s != d or axis in redo):
             emit(axis, "reduce", Replicate())
     for axis in reversed(range(len(cur))):
         if isinstance(cur[axis], Shard):
