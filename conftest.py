@@ -9,4 +9,6 @@ the property suite's repository loads it here; the suite's own options
 (``--dtensor-impl``, mutants) live in ``tests/properties/conftest.py``.
 """
 
-pytest_plugins = ["launch.plugin", "launch.hypothesis_lockstep"]
+# launch.fuzz.replay: stored fuzzing failures (.fuzz-db or LAUNCH_FUZZ_DB) run
+# first (docs/fuzzing.md); a no-op when there is no such database.
+pytest_plugins = ["launch.plugin", "launch.hypothesis_lockstep", "launch.fuzz.replay"]

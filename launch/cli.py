@@ -37,7 +37,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, pytest_args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fuzz"]:  # python -m launch fuzz ...: see launch.fuzz.cli
+        from launch.fuzz.cli import main as fuzz
+
+        return fuzz(argv[1:])
+    args, pytest_args = parse(argv)
     from torch.distributed.run import get_args_parser, run
 
     run_dir = Path(args.log_dir).resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

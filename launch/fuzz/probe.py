@@ -1,0 +1,231 @@
+"""What one example did: its text, its input classes, the runtime lines it ran.
+
+``Probe.wrap`` wraps a ``@given`` test's inner function (inside the lockstep
+plugin's wrapper, so it sees exactly what every rank sees). Per example it
+
+- records the drawn arguments and every ``data.draw`` (text, for reports and
+  the hang record; values, for the input classes);
+- on the rank that measures coverage, traces line-to-line arcs of frames whose
+  file lies under the runtime package (``sys.settrace`` with a global hook
+  that returns no local tracer for any other file, so the test's and torch's
+  own frames cost one call event each);
+- before the example runs, writes it to ``inflight.json`` (rank 0), so a hang
+  or a dead rank is recorded with the example that was running.
+
+Input classes come from the values by duck typing (this package never
+imports the runtime): mesh shape (a ``MeshLayout``/``DeviceMesh``-like
+value), placements (a tuple of ``Shard``/``Replicate``/``Partial``), dtype,
+op (a draw labelled ``op``, or the test's parametrization) and size
+(``empty`` / ``scalar`` / ``uneven`` / ``even``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ArcTracer", "Probe", "classify"]
+
+PLACEMENT_TYPES = {"Shard", "Replicate", "Partial", "_StridedShard", "StridedShard"}
+
+
+class ArcTracer:
+    """Line-to-line arcs of code under ``root`` (negative line: entry/exit)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip(os.sep) + os.sep
+        self.arcs: dict[str, set[tuple[int, int]]] = {}
+        self._names: dict[str, str] = {}
+        base = os.path.dirname(self.root.rstrip(os.sep))
+        self._base = base + os.sep
+
+    def _hook(self, frame: Any, event: str, arg: Any) -> Any:
+        if event != "call":
+            return None
+        fname = frame.f_code.co_filename
+        if not fname.startswith(self.root):
+            return None
+        name = self._names.get(fname)
+        if name is None:
+            name = self._names[fname] = fname[len(self._base):]
+        arcs = self.arcs.setdefault(name, set())
+        last = -frame.f_code.co_firstlineno
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal last
+            if event == "line":
+                arcs.add((last, frame.f_lineno))
+                last = frame.f_lineno
+            elif event == "return":
+                arcs.add((last, -frame.f_code.co_firstlineno))
+            return local
+
+        return local
+
+    def __enter__(self) -> ArcTracer:
+        self._prev = sys.gettrace()
+        sys.settrace(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self._prev)
+
+    def take(self) -> dict[str, set[tuple[int, int]]]:
+        out, self.arcs = self.arcs, {}
+        return out
+
+
+def _is_data(v: Any) -> bool:
+    return type(v).__name__ == "DataObject" and hasattr(v, "draw")
+
+
+def classify(values: list[tuple[str, Any]], op: str = "") -> dict[str, str]:
+    """Input classes of one example from its ``(label, value)`` draws."""
+    found: dict[str, str] = {}
+    shapes: list[tuple[int, ...]] = []
+    meshes: list[tuple[int, ...]] = []
+    places: list[tuple[Any, ...]] = []
+
+    def walk(v: Any, depth: int) -> None:
+        tname = type(v).__name__
+        if hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "numel"):
+            found.setdefault("dtype", str(v.dtype).removeprefix("torch."))
+            shapes.append(tuple(v.shape))
+            return
+        if tname == "dtype" and str(v).startswith("torch."):
+            found.setdefault("dtype", str(v).removeprefix("torch."))
+            return
+        if tname in ("MeshLayout", "DeviceMesh") or (
+                hasattr(v, "ranks") and isinstance(getattr(v, "shape", None), tuple)):
+            shape = getattr(v, "shape", None)
+            if not isinstance(shape, tuple) and hasattr(v, "mesh"):
+                shape = tuple(v.mesh.shape)
+            if isinstance(shape, tuple):
+                meshes.append(tuple(int(s) for s in shape))
+            return
+        if isinstance(v, (tuple, list)) and v and all(
+                type(p).__name__ in PLACEMENT_TYPES for p in v):
+            places.append(tuple(v))
+            return
+        if depth >= 3:
+            return
+        if isinstance(v, (tuple, list)):
+            if v and all(isinstance(x, int) for x in v) and len(v) <= 4:
+                shapes.append(tuple(v))
+                return
+            for x in list(v)[:16]:
+                walk(x, depth + 1)
+        elif isinstance(v, dict):
+            for x in list(v.values())[:16]:
+                walk(x, depth + 1)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                walk(getattr(v, f.name, None), depth + 1)
+
+    for label, v in values:
+        if label == "op" and isinstance(v, str):
+            op = op or v
+        walk(v, 0)
+    if meshes:
+        found["mesh"] = "x".join(map(str, meshes[0])) or "()"
+    if places:
+        found["placements"] = "(" + ", ".join(_compact(p) for p in places[0]) + ")"
+    if op:
+        found["op"] = op
+    found["size"] = _size_class(shapes, meshes[0] if meshes else None,
+                                places[0] if places else None)
+    return found
+
+
+def _compact(p: Any) -> str:
+    name = type(p).__name__
+    if name == "Shard":
+        return f"S({getattr(p, 'dim', '?')})"
+    if name == "Replicate":
+        return "R"
+    if name == "Partial":
+        return f"P({getattr(p, 'reduce_op', 'sum')})"
+    return str(p)
+
+
+def _size_class(shapes: list[tuple[int, ...]], mesh: tuple[int, ...] | None,
+                places: tuple[Any, ...] | None) -> str:
+    if any(0 in s for s in shapes):
+        return "empty"
+    if shapes and all(s == () for s in shapes):
+        return "scalar"
+    if mesh and places and shapes:
+        shape = shapes[0]
+        for axis, p in enumerate(places):
+            d = getattr(p, "dim", None)
+            if type(p).__name__ == "Shard" and isinstance(d, int) and axis < len(mesh):
+                if -len(shape) <= d < len(shape) and shape[d] % mesh[axis]:
+                    return "uneven"
+    return "even" if shapes else "none"
+
+
+class Probe:
+    """Per-slice recorder for one rank (see the module docstring)."""
+
+    def __init__(self, rank: int, run_dir: Path | None, tracer: ArcTracer | None) -> None:
+        self.rank, self.run_dir, self.tracer = rank, run_dir, tracer
+        self.inflight = run_dir / "inflight.json" if run_dir is not None and rank == 0 else None
+        self.begin("", 0, "")
+
+    def begin(self, nodeid: str, k: int, op: str) -> None:
+        self.nodeid, self.k, self.op = nodeid, k, op
+        self.examples = 0
+        self.last = ""
+        self.classes: list[dict[str, str]] = []
+        self.started = time.time()
+
+    def _write(self, text: str) -> None:
+        if self.inflight is None:
+            return
+        tmp = self.inflight.with_name("inflight.tmp")
+        tmp.write_text(json.dumps({"nodeid": self.nodeid, "slice": self.k, "n": self.examples,
+                                   "example": text[-3000:], "t": time.time(),
+                                   "started": self.started}))
+        os.replace(tmp, self.inflight)
+
+    def wrap(self, inner: Any, given: set[str]) -> Any:
+        @functools.wraps(inner)
+        def fuzz_inner(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            parts = [f"{k}={v!r}" for k, v in sorted(kwargs.items())
+                     if k in given and not _is_data(v)]
+            values: list[tuple[str, Any]] = [(k, v) for k, v in kwargs.items()
+                                             if k in given and not _is_data(v)]
+            for v in kwargs.values():
+                if _is_data(v):
+                    self._record_draws(v, parts, values)
+            self.examples += 1
+            self._write("; ".join(parts))
+            try:
+                if self.tracer is not None:
+                    with self.tracer:
+                        return inner(*args, **kwargs)
+                return inner(*args, **kwargs)
+            finally:
+                self.last = "; ".join(parts)
+                self.classes.append(classify(values, self.op))
+
+        return fuzz_inner
+
+    def _record_draws(self, data: Any, parts: list[str], values: list[tuple[str, Any]]) -> None:
+        draw = data.draw
+
+        def recording_draw(strategy: Any, label: Any = None) -> Any:
+            value = draw(strategy, label)
+            parts.append(f"draw {len(values) + 1}{f' ({label})' if label else ''}: {value!r}")
+            values.append((str(label or ""), value))
+            self._write("; ".join(parts))
+            return value
+
+        data.draw = recording_draw

@@ -1,0 +1,229 @@
+"""The fuzzing loop on every rank (a pytest plugin: ``-p launch.fuzz.rank``).
+
+Active only under ``python -m launch fuzz`` (``LAUNCH_FUZZ_DIR`` set) in
+lockstep mode (torchrun). It replaces the lockstep mode's test loop: rank 0
+asks the scheduler for a slice (a property and a number of examples) and
+posts it on the c10d store; every rank runs that property for that many
+examples through the lockstep mode's own ``RankCore.run`` (hang watchdog,
+sub-worlds for ``world_size(n)`` tests, agreed verdicts) with the lockstep
+Hypothesis plugin drawing the same examples everywhere, a fresh shared seed
+per slice, and the session's example database (rank 0 reads and writes it).
+After each slice rank 0 folds the probe's findings into the session state
+(``state.json``), which the launcher shows live and turns into the report.
+
+A failure or a broken world ends the slice; a world that cannot go on ends
+this loop, and the launcher starts a fresh world that continues from the
+state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.fuzz.probe import ArcTracer, Probe
+from launch.fuzz.replay import from_lockstep
+from launch.fuzz.scheduler import Scheduler
+from launch.fuzz.session import Session, parse_failure
+
+DIR_ENV = "LAUNCH_FUZZ_DIR"  # the session folder (state.json, inflight.json)
+DEADLINE_ENV = "LAUNCH_FUZZ_DEADLINE"  # epoch seconds: no slice starts after it
+DB_ENV = "LAUNCH_FUZZ_DB"  # the example database directory
+SLICE_ENV = "LAUNCH_FUZZ_SLICE"  # seconds per slice
+COVER_ENV = "LAUNCH_FUZZ_COVER"  # package whose lines count as coverage
+START_ENV = "LAUNCH_FUZZ_START"  # epoch seconds: this session's start
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(DIR_ENV):
+        config.pluginmanager.register(_Loader(), "launch-fuzz-loader")
+
+
+class _Loader:
+    # NOTE: our loop must be registered after the lockstep mode (registered in
+    # launch.plugin's pytest_configure): among tryfirst hooks the later
+    # registered runs first.
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.pluginmanager.register(FuzzLoop(config), "launch-fuzz-loop")
+
+
+def _is_given(item: pytest.Item) -> bool:
+    fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    return bool(getattr(fn, "is_hypothesis_test", False))
+
+
+class FuzzLoop:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.dir = Path(os.environ[DIR_ENV])
+        self.deadline = float(os.environ.get(DEADLINE_ENV, time.time() + 60))
+        self.slice_s = float(os.environ.get(SLICE_ENV, 8))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        mode = self.config.pluginmanager.get_plugin("launch-mode")
+        if type(mode).__name__ != "Lockstep":
+            raise pytest.UsageError("launch fuzz: run the ranks under torchrun "
+                                    "(python -m launch fuzz does)")
+        if session.config.option.collectonly:
+            return True
+        import torch.distributed as dist
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        self.mode, self.rank, self.size = mode, dist.get_rank(), dist.get_world_size()
+        self.store = dist.PrefixStore("fuzz/", mode.core.store)
+        self.db_path = os.environ.get(DB_ENV, str(self.dir / "db"))
+        self.db = DirectoryBasedExampleDatabase(self.db_path)
+        items = [it for it in session.items if _is_given(it)]
+        self.by_id = {it.nodeid: it for it in items}
+        tracer = None
+        if self.rank == 0:
+            root = _package_dir(os.environ.get(COVER_ENV, "dtensor"))
+            tracer = ArcTracer(root) if root else None
+        self.probe = Probe(self.rank, self.dir, tracer)
+        if self.rank == 0:
+            self.state = Session.read(self.dir / "state.json") or Session()
+            self.sched = Scheduler(list(self.by_id), slice_seconds=self.slice_s)
+            self.sched.load(self.state.props)
+            self.known = {f: {tuple(a) for a in arcs} for f, arcs in self.state.arcs.items()}
+            self.t0 = float(os.environ.get(START_ENV, time.time() - self.state.elapsed))
+        k = 0
+        while True:
+            plan = self._plan(k)
+            if plan is None:
+                break
+            nodeid, n = plan
+            keep_going = self._slice(k, self.by_id[nodeid], n)
+            k += 1
+            if not keep_going:
+                break
+        return True
+
+    # -- one decision, made by rank 0 -------------------------------------------
+    def _plan(self, k: int) -> tuple[str, int] | None:
+        key = f"plan/{k}"
+        if self.rank == 0:
+            left = self.deadline - time.time()
+            s = self.sched.choose(left) if left > 1.0 else None
+            self.store.set(key, json.dumps(None if s is None else [s.nodeid, s.examples, s.why]))
+        got = json.loads(self.store.get(key))
+        return None if got is None else (got[0], got[1])
+
+    # -- one slice, on every rank -------------------------------------------------
+    def _slice(self, k: int, item: pytest.Item, n: int) -> bool:
+        from hypothesis import Phase, settings
+
+        from launch.world import world_size_of
+
+        fn = getattr(item.obj, "__func__", item.obj)
+        handle = fn.hypothesis
+        saved = (fn._hypothesis_internal_use_settings, handle.inner_test)
+        fn._hypothesis_internal_use_settings = settings(
+            saved[0], max_examples=n, database=self.db, derandomize=False, deadline=None,
+            phases=[p for p in Phase if p != Phase.explain])
+        given = set(getattr(handle, "_given_kwargs", {}) or {})
+        op = _param_id(item)
+        self.probe.begin(item.nodeid, k, op)
+        if self.rank == 0:
+            self.state.current = {"nodeid": item.nodeid, "slice": k, "examples": n,
+                                  "started": time.time()}
+            self._save()
+        handle.inner_test = self.probe.wrap(saved[1], given)
+        session = item.session
+        # NOTE: the stack may hold another module's fixtures from the last
+        # slice; tear down what this item does not share, keep the rest.
+        session._setupstate.teardown_exact(item)
+        t = time.time()
+        try:
+            size = min(world_size_of(item) or self.size, self.size)
+            reports = self.mode.core.run(item, item.nodeid, item.parent, f"fz{k}", size)
+        finally:
+            fn._hypothesis_internal_use_settings, handle.inner_test = saved
+        dt = time.time() - t
+        failed = [r for r in reports if r.failed]
+        skipped = [r for r in reports if r.skipped]
+        # Every rank posts the last example it ran (the shrunk one after a
+        # failure): the report says whether all ranks ended on the same one.
+        last = hashlib.sha1(self.probe.last.encode()).hexdigest()[:12] if self.probe.last else ""
+        self.store.set(f"last/{k}/{self.rank}", last)
+        if self.rank == 0:
+            per_rank = {str(r): v.decode() for r, v in enumerate(
+                self.store.multi_get([f"last/{k}/{r}" for r in range(self.size)]))}
+            self._fold(item, n, dt, failed, skipped, per_rank)
+        fatal = any("LockstepDivergence" in (r.longreprtext or "") or
+                    "launch:" in (r.longreprtext or "") for r in failed)
+        return not fatal
+
+    def _fold(self, item: pytest.Item, n: int, dt: float, failed: list[Any],
+              skipped: list[Any], per_rank: dict[str, str]) -> None:
+        st, p = self.state, self.probe
+        now = time.time() - self.t0
+        new_arcs = 0
+        if p.tracer is not None:
+            for f, arcs in p.tracer.take().items():
+                known = self.known.setdefault(f, set())
+                fresh = arcs - known
+                if fresh:
+                    known |= fresh
+                    new_arcs += len(fresh)
+                    st.arcs[f] = sorted([list(a) for a in known])
+        seen = st.classes.setdefault(item.nodeid, {})
+        new_classes = 0
+        for ex in p.classes:
+            for kind, value in ex.items():
+                vals = seen.setdefault(kind, [])
+                if value not in vals:
+                    vals.append(value)
+                    new_classes += 1
+        new = new_arcs + new_classes
+        if skipped and not failed and not p.examples:
+            why = skipped[0].longrepr[2] if isinstance(skipped[0].longrepr, tuple) else "skipped"
+            self.sched.skip(item.nodeid, str(why))
+        else:
+            self.sched.record(item.nodeid, p.examples, dt, new, failed=bool(failed))
+        for rep in failed:
+            f = parse_failure(item.nodeid, rep.longreprtext or "", st.elapsed_before + now)
+            f.replay = from_lockstep(f.replay, item.nodeid, self.size, self.db_path)
+            f.per_rank = per_rank
+            st.add_failure(f)
+        st.prop_arcs[item.nodeid] = st.prop_arcs.get(item.nodeid, 0) + new_arcs
+        if new:
+            st.discoveries.append([round(st.elapsed_before + now, 1), item.nodeid, new_arcs,
+                                   new_classes])
+        arcs, lines = st.coverage()
+        total_ex = sum(q.examples for q in self.sched.props.values())
+        st.timeline.append([round(st.elapsed_before + now, 1), arcs, lines, total_ex])
+        st.prop_timeline.setdefault(item.nodeid, []).append(
+            [round(st.elapsed_before + now, 1), st.prop_arcs[item.nodeid]])
+        st.elapsed = now
+        st.current = {}
+        self._save()
+
+    def _save(self) -> None:
+        self.state.props = self.sched.dump()
+        self.state.save(self.dir / "state.json")
+
+
+def _param_id(item: pytest.Item) -> str:
+    """The test's parametrization minus the world size: the op of an op table."""
+    cs = getattr(item, "callspec", None)
+    if cs is None:
+        return ""
+    parts = [p for p in cs.id.split("-") if not p.endswith("ranks")]
+    return "-".join(parts)
+
+
+def _package_dir(name: str) -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(list(spec.submodule_search_locations)[0])

@@ -1,0 +1,161 @@
+"""Replay the fuzzing database first, in every later pytest run (CI too).
+
+A pytest plugin, loaded by the root ``conftest.py``. When an example
+database of fuzzing failures exists (``--fuzz-db PATH``, env
+``LAUNCH_FUZZ_DB``, default ``<rootdir>/.fuzz-db`` when that folder exists),
+it
+
+- gives each ``@given`` test with stored examples that database, read-only,
+  so it replays them in Hypothesis' reuse phase, before any generated
+  example (other tests are left as they are);
+- moves the tests that have stored examples to the front of the run, so
+  a CI run fails on a stored failure first.
+
+Worlds that a plain ``pytest`` launches inherit the path through the
+environment. For GitHub CI, point Hypothesis at
+``GitHubArtifactDatabase`` instead (see docs/fuzzing.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DEFAULT_DB = ".fuzz-db"
+ENV = "LAUNCH_FUZZ_DB"
+
+__all__ = ["DEFAULT_DB", "ENV", "database", "from_lockstep", "keys_of", "replay_line",
+           "replay_seed", "replay_settings"]
+
+
+def replay_line(nodeid: str, nproc: int, db: Path | str, env: str = "") -> str:
+    """The command that replays a stored failure of ``nodeid`` from ``db``."""
+    words = [w for w in shlex.split(env)] + [f"{ENV}={db}", "torchrun",
+                                              f"--nproc_per_node={nproc}", "-m", "pytest",
+                                              nodeid, "--hypothesis-profile=ci"]
+    return "Replay: " + shlex.join(words)
+
+
+def from_lockstep(line: str, nodeid: str, nproc: int, db: Path | str) -> str:
+    """``replay_line`` keeping the environment and extra options of the
+    lockstep plugin's seed-based ``Replay:`` line (a mutant, ``--dtensor-impl``)."""
+    try:
+        words = shlex.split(line.split("Replay:", 1)[-1])
+    except ValueError:
+        words = []
+    k = words.index("torchrun") if "torchrun" in words else len(words)
+    env = [w for w in words[:k] if "=" in w]
+    extra = [w for w in words[k:] if w.startswith("--") and not w.startswith(
+        ("--nproc", "--hypothesis-profile", "--hypothesis-seed"))]
+    out = replay_line(nodeid, nproc, db, shlex.join(env))
+    return out + (" " + shlex.join(extra) if extra else "")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("launch-fuzz", "fuzzing database replay (launch.fuzz)")
+    g.addoption("--fuzz-db", default=None,
+                help=f"example database of fuzzing failures to replay first (env {ENV}; "
+                     f"default <rootdir>/{DEFAULT_DB} if it exists)")
+
+
+def _path(config: pytest.Config) -> Path | None:
+    given = config.getoption("fuzz_db", None) or os.environ.get(ENV)
+    path = Path(given) if given else Path(config.rootpath) / DEFAULT_DB
+    return path.resolve() if path.is_dir() else None
+
+
+def database(path: Path | str, *, writable: bool = False) -> Any:
+    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+
+    db = DirectoryBasedExampleDatabase(str(path))
+    return db if writable else ReadOnlyDatabase(db)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    path = _path(config)
+    if path is None or os.environ.get("LAUNCH_FUZZ_DIR"):  # a fuzzing session has its own
+        return
+    os.environ[ENV] = str(path)  # worlds launched by this process replay it too
+    config.stash[_KEY] = path
+
+
+def replay_settings(current: Any, path: Path | str) -> Any:
+    """``current`` plus the read-only database at ``path``.
+
+    NOTE: Hypothesis treats ``derandomize=True`` (the ``ci`` profile) as
+    "no database", so a test with stored examples runs with
+    ``derandomize=False`` and a fixed seed (``replay_seed``) instead: still
+    the same examples on every run and every rank, now after the stored ones.
+    """
+    from hypothesis import settings
+    from hypothesis.database import MultiplexedDatabase
+
+    fuzz = database(path)
+    own = None if current.derandomize else current.database
+    db = fuzz if own is None else MultiplexedDatabase(own, fuzz)
+    return settings(current, derandomize=False, database=db)
+
+
+def replay_seed(inner: Any) -> int:
+    """A seed derived from the test's source, as ``derandomize`` would use."""
+    from hypothesis.internal.reflection import function_digest
+
+    return int.from_bytes(function_digest(inner)[:8], "big")
+
+
+_KEY = pytest.StashKey[Path]()
+
+
+def keys_of(item: pytest.Item) -> list[bytes]:
+    """The database keys Hypothesis may use for ``item`` (with and without the
+    per-parametrization digest its pytest plugin adds)."""
+    from hypothesis.internal.reflection import function_digest
+
+    inner = item.obj.hypothesis.inner_test
+    keys = [function_digest(inner)]
+    had = getattr(inner, "_hypothesis_internal_add_digest", None)
+    try:
+        inner._hypothesis_internal_add_digest = item.nodeid.encode()
+        keys.append(function_digest(inner))
+    finally:
+        if had is None:
+            del inner._hypothesis_internal_add_digest
+        else:
+            inner._hypothesis_internal_add_digest = had
+    return keys
+
+
+def stored(items: list[pytest.Item], path: Path) -> set[str]:
+    """Node ids of ``items`` with examples in the database at ``path``."""
+    db = database(path)
+    out = set()
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not getattr(fn, "is_hypothesis_test", False):
+            continue
+        if any(next(iter(db.fetch(k)), None) is not None for k in keys_of(item)):
+            out.add(item.nodeid)
+    return out
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = config.stash.get(_KEY, None)
+    if path is None:
+        return
+    first = stored(items, path)
+    for item in items:
+        if item.nodeid in first:
+            fn = getattr(item.obj, "__func__", item.obj)
+            fn._hypothesis_internal_use_settings = replay_settings(
+                fn._hypothesis_internal_use_settings, path)
+            if fn._hypothesis_internal_use_seed is None:
+                fn._hypothesis_internal_use_seed = replay_seed(item.obj.hypothesis.inner_test)
+    if first:
+        items[:] = [i for i in items if i.nodeid in first] + [
+            i for i in items if i.nodeid not in first]
