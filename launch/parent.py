@@ -15,7 +15,11 @@ at a time when a failure may stop the session (``-x``, ``--maxfail``,
 ``--stepwise``) and under pytest-xdist (whose scheduler picks the order).
 
 A world that dies (hang, dead rank) fails the test it was running, with the
-ranks' report, and the next test of that size gets a fresh world.
+ranks' report; the parent then ends it completely (torchrun and every rank
+process of it, ``launch.procs``) and the next test of that size gets a fresh
+world. A world that dies before answering its first test is started once
+more; if that one dies too, its tests fail with both worlds' logs (each rank
+logs from its first moment, so a rank that dies while starting says why).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from launch.procs import WORLD_ID_ENV, end_world
 from launch.world import LOCAL_WORLD, LOG_ENV, PREFIX_ENV, SERVER_ENV, World, world_size_of
 
 START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
@@ -48,6 +53,7 @@ class _World:
     store: Any  # PrefixStore(prefix, parent's store), as the ranks see it
     proc: subprocess.Popen
     log_path: Path
+    world_id: str = ""  # the tag on every process of this world (launch.procs)
     seq: int = 0  # the last test sent (tests are numbered 1, 2, ... per world)
     ahead: dict[str, int] = field(default_factory=dict)  # sent, not yet read: id -> seq
     read: int = 0  # the last seq whose results the parent read
@@ -63,6 +69,7 @@ class Parent:
         self.config = config
         self.worlds: dict[int, _World] = {}
         self.broken: dict[int, str] = {}
+        self.retried: dict[int, str] = {}  # size -> why its first world did not start
         self.store: Any = None
         self.gen = 0
         self.files: dict[int, list[str]] = {}
@@ -132,23 +139,41 @@ class Parent:
         w.read = seq
         data = json.loads(got[0])
         verdicts = [v.decode() for v in got[1:]]
-        if "died" in data or ("X" in verdicts and not data.get("fatal")):
+        dead = "died" in data or ("X" in verdicts and not data.get("fatal"))
+        if (dead or data.get("fatal")) and not self._started(w):
+            # A rank died before its test loop (importing, joining, collecting):
+            # no test ran on every rank, so this is the world's fault, not the test's.
+            return self._start_failed(item, n, w, data)
+        if dead:
             w.ahead.clear()
+            end_world(w.proc, w.world_id, GRACE)
             text = self._death_text(w, item, data)
-            if w.answered == 0:
-                self.broken[n] = text
             return [agree.make_report(item.nodeid, item.location, "call", "failed", text)]
         w.answered += 1
         local = [agree.load_report(self.config, d) for d in data["reports"]]
-        if data.get("fatal"):  # the world is going down: wait, so the next test gets a new one
+        if data.get("fatal"):  # the world is going down: end it, so the next test gets a new one
             w.ahead.clear()
-            try:
-                w.proc.wait(timeout=GRACE)
-            except subprocess.TimeoutExpired:
-                _stop(w.proc)
+            end_world(w.proc, w.world_id, GRACE)
             return local
         decision = agree.decide(verdicts, tuple(range(n)))
         return agree.apply(decision, local, item.nodeid, item.location)
+
+    def _start_failed(self, item: pytest.Item, n: int, w: _World, data: dict[str, Any]) -> list[Any]:
+        """End world ``w`` that died while starting; start it once more (then
+        ``item`` runs there), else fail ``item`` and every later test of size n."""
+        from launch import agree
+
+        w.ahead.clear()
+        end_world(w.proc, w.world_id, GRACE)
+        text = self._death_text(w, item, data)
+        if n not in self.retried:
+            self.retried[n] = text
+            self.worlds[n] = self._start(n)
+            return self._run(item, n)
+        text = (f"{self.retried[n]}\n\nlaunch: started the {n}-rank world once more; it "
+                f"did not start either:\n{text}")
+        self.broken[n] = text
+        return [agree.make_report(item.nodeid, item.location, "setup", "failed", text)]
 
     def _run_of(self, item: pytest.Item, n: int) -> list[pytest.Item]:
         """``item`` and the tests right after it that run in the same world."""
@@ -172,13 +197,26 @@ class Parent:
         w.seq = first + len(items) - 1
         return first
 
+    def _started(self, w: _World) -> bool:
+        """Whether every rank of ``w`` got to its test loop (joined, collected)."""
+        try:
+            return bool(w.store.check([f"ready/{r}" for r in range(w.n)]))
+        except Exception:
+            return False
+
     def _death_text(self, w: _World, item: pytest.Item, data: dict[str, Any]) -> str:
         why = data.get("died", "died")
-        tail = _tail(w.log_path, 40)
-        start = "while starting (no test ran in it)" if w.answered == 0 else f"during {item.nodeid}"
-        return (f"launch: the {w.n}-rank world {why} {start}\n"
-                f"logs: {w.log_path} and {self.log_dir}/{w.prefix}-rank<k>.log\n"
-                f"--- last lines of {w.log_path.name} ---\n{tail}")
+        start = f"during {item.nodeid}" if self._started(w) else "while starting (no test ran in it)"
+        lines = [f"launch: the {w.n}-rank world {why} {start}",
+                 f"logs: {w.log_path} and {self.log_dir}/{w.prefix}-rank<k>.log"]
+        # NOTE: each rank logs from its first moment (launch.server), so a rank
+        # that died while starting says why here, not only in torchrun's log.
+        for r in range(w.n):
+            path = self.log_dir / f"{w.prefix}-rank{r}.log"
+            errs = sorted(self.log_dir.glob(f"{w.prefix}-std/*/attempt_0/{r}/stderr.log"))
+            lines.append(f"--- rank {r} ({path.name}) ---\n{_rank_story(path, errs)}")
+        lines.append(f"--- last lines of {w.log_path.name} ---\n{_tail(w.log_path, 8)}")
+        return "\n".join(lines)
 
     # -- worlds -------------------------------------------------------------------
     def _start(self, n: int) -> _World:
@@ -194,19 +232,24 @@ class Parent:
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        world_id = f"{self.run_id}/{prefix}"
         env.update({SERVER_ENV: f"127.0.0.1:{self.store.port}", PREFIX_ENV: prefix,
-                    LOG_ENV: str(self.log_dir), "OMP_NUM_THREADS": "1"})
+                    LOG_ENV: str(self.log_dir), "OMP_NUM_THREADS": "1",
+                    WORLD_ID_ENV: world_id})
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                   "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS"):
             env.pop(k, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={n}", "--max-restarts=0", "-m", "pytest",
+               f"--nproc-per-node={n}", "--max-restarts=0",
+               # each rank's stdout/stderr in a file of its own, from its first moment
+               f"--log-dir={self.log_dir / (prefix + '-std')}", "--redirects=3",
+               "-m", "pytest",
                *self._pytest_args(n)]
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL,
                                     cwd=str(self.config.invocation_params.dir))
-        w = _World(n, prefix, dist.PrefixStore(prefix, self.store), proc, log_path)
+        w = _World(n, prefix, dist.PrefixStore(prefix, self.store), proc, log_path, world_id)
         threading.Thread(target=self._monitor, args=(w,), daemon=True).start()
         return w
 
@@ -251,7 +294,7 @@ class Parent:
                 with w.lock:
                     late = time.monotonic() > w.deadline
                 if late:
-                    _stop(w.proc)
+                    end_world(w.proc, w.world_id, GRACE)
                     why = "did not answer in time and was killed"
         try:  # answer the parent's pending waits (no-op for tests that were answered)
             for seq in range(w.read + 1, w.seq + 1):
@@ -265,16 +308,22 @@ class Parent:
         for w in self.worlds.values():
             if w.proc.poll() is None:
                 if w.ahead:  # the session stopped early (^C): do not let it run them
-                    _stop(w.proc)
+                    end_world(w.proc, w.world_id, GRACE)
                 else:
                     w.store.set(f"cmd/{w.seq + 1}", json.dumps({"stop": True}))
         for w in self.worlds.values():
             try:
                 w.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                _stop(w.proc)
+                pass
+            end_world(w.proc, w.world_id, GRACE)  # and any rank that outlived torchrun
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for n, why in sorted(self.retried.items()):
+            if n not in self.broken:
+                terminalreporter.write_line(
+                    f"launch: a {n}-rank world died while starting and a fresh one was "
+                    f"started: {why.splitlines()[0]} ({why.splitlines()[1]})")
         if self.worlds:
             sizes = ", ".join(str(n) for n in sorted(self.worlds))
             terminalreporter.write_line(f"launch: worlds of {sizes} ranks; logs in {self.log_dir}")
@@ -289,20 +338,45 @@ def _timeout(item: pytest.Item, default: float) -> float:
     return timeout_of(item, default)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop torchrun the way it expects: SIGTERM (it stops its workers), then kill."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=GRACE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of ``path``, without Python traceback frames
+    and warnings (torchrun's own tracebacks are long and say little)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    keep = [ln for ln in text if not ln.startswith(("  File ", "    "))]
-    return "\n".join(keep[-lines:])
+    keep = [ln for ln in text if not ln.startswith(("  File ", "    ", "  cpu = "))
+            and "Warning:" not in ln]
+    return "\n".join(keep[-lines:]) or "(empty)"
+
+
+_NOISE = ("/_pytest/", "/pluggy/", "<frozen ", "/launch/")
+
+
+def _rank_story(path: Path, stderr: list[Path]) -> str:
+    """How far a rank got, from its log: its last ``launch:`` line, and the
+    last stack dump's header and innermost frames outside pytest (faulthandler
+    writes them on a crash, an abort or torchrun's SIGTERM)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        text = []
+    out = [ln for ln in text if ln.startswith("launch: ")][-1:]
+    heads = [i for i, ln in enumerate(text) if "(most recent call first)" in ln]
+    if heads:
+        i = heads[0] if len(heads) == 1 else next(
+            (h for h in heads if text[h].startswith("Current thread")), heads[-1])
+        fatal = [ln for ln in text[:i] if ln.startswith(("Fatal Python error", "====="))]
+        out += fatal[-1:] + [text[i]]
+        frames = []
+        for ln in text[i + 1:]:
+            if not ln.startswith("  File "):
+                break
+            if not any(n in ln for n in _NOISE):
+                frames.append(ln)
+        out += frames[:6]
+    for err in stderr:
+        tail = _tail(err, 6)
+        if tail != "(empty)":
+            out.append(f"stderr ({err}):\n{tail}")
+    return "\n".join(out) or "(empty log: the rank never got to pytest's configure)"

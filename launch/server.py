@@ -15,8 +15,10 @@ agrees from the same verdicts. After a fatal fault rank 0 overwrites
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +46,23 @@ class Server:
         self.seq = 0
 
     def pytest_configure(self, config: pytest.Config) -> None:
-        init_process_group(config)
-        host, port = os.environ[SERVER_ENV].rsplit(":", 1)
+        # NOTE: the log opens first, with stack dumps on a fatal signal and on
+        # SIGTERM (torchrun's, when a peer died), so a rank that dies while
+        # joining or collecting leaves where it was (the parent quotes it).
         prefix = os.environ[PREFIX_ENV]
-        self.store = store_client(host, int(port), prefix)
-        side = store_client(host, int(port), prefix)
-        rank = dist.get_rank()
+        rank = int(os.environ.get("RANK", "0"))
         log_dir = Path(os.environ[LOG_ENV])
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(log_dir / f"{prefix}-rank{rank}.log", "a", buffering=1)
+        faulthandler.enable(file=self.log, all_threads=True)
+        faulthandler.register(signal.SIGTERM, file=self.log, all_threads=True, chain=True)
+        print(f"launch: rank {rank} of world {prefix}, pid {os.getpid()}: joining",
+              file=self.log)
+        init_process_group(config)
+        host, port = os.environ[SERVER_ENV].rsplit(":", 1)
+        self.store = store_client(host, int(port), prefix)
+        side = store_client(host, int(port), prefix)
+        print("launch: joined the process group; collecting", file=self.log)
         self.core = RankCore(config, self.store, side, self.log, self._on_fatal)
         drop_junitxml(config)
 
@@ -68,6 +78,7 @@ class Server:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.store.set(f"ready/{self.core.rank}", "1")  # started: deaths now are tests'
         while True:
             cmd = json.loads(self.store.get(f"cmd/{self.seq + 1}"))
             if cmd.get("stop"):

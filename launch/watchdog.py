@@ -111,6 +111,7 @@ class Watchdog:
             # NOTE: torchrun forwards the signal it got (Ctrl-C: SIGINT) to its
             # workers' process groups; both only wake this thread, which stops
             # every rank together (a KeyboardInterrupt mid-collective would not).
+            faulthandler.unregister(signal.SIGTERM)  # a start-up dump handler, if any
             signal.signal(signal.SIGTERM, lambda *_: None)
             signal.signal(signal.SIGINT, lambda *_: None)
             signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
