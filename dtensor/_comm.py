@@ -368,3 +368,30 @@ def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:
         return _restore(buf, back)
     dist.broadcast(target, group_src=src_group_rank, group=group)
     return _restore(buf, back)
+
+
+# Store exchanges (no collective: only the ranks that ask take part) --------
+def store_first(key: str, value: str) -> str:
+    """The value of ``key`` in the world's store: ``value`` if this rank is the
+    first to get there, else what the first one wrote. Never waits."""
+    store = dist.distributed_c10d._get_default_store()
+    return store.compare_set(key, "", value).decode()
+
+
+def store_exchange(key: str, value: str, ranks: Sequence[int], timeout_s: float) -> list[str]:
+    """Publish ``value`` under ``key`` for this rank and read the values of
+    ``ranks`` (in that order), waiting at most ``timeout_s`` for them.
+
+    Raises ``TimeoutError`` naming the ranks that never published.
+    """
+    from datetime import timedelta
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"{key}/{get_rank()}", value)
+    keys = [f"{key}/{r}" for r in ranks]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as e:  # c10d raises DistStoreError (a RuntimeError) on timeout
+        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
+        raise TimeoutError(f"ranks {missing} did not publish {key!r}") from e
+    return [store.get(k).decode() for k in keys]

@@ -188,12 +188,13 @@ def _philox_block(
     device: torch.device,
 ) -> torch.Tensor:
     """This rank's block of a fresh draw; advances the generator like eager."""
+    from dtensor import _seeding
     from dtensor import random as rng
 
     kwargs = _decode(params)
     if p is not None:
         kwargs["p"] = p
-    seed, offset = rng.get_rng_state().seed, rng.next_offset()
+    seed, offset = _seeding.take()
     return getattr(rng, block)(
         seed, offset, global_shape, local_offset, local_shape, device=device, **kwargs
     )

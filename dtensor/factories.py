@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dtensor import _comm, _compile
+from dtensor import _comm, _compile, _seeding
 from dtensor import random as rng
 from dtensor.dispatch.random_ops import no_generator, zero_partial_sums
 from dtensor.errors import ShardingError
@@ -146,7 +146,7 @@ def _random_factory(block_fn, name: str, **fixed):
         dt = dtype or torch.get_default_dtype()
         if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
             size = tuple(size[0])
-        seed, offset = rng.get_rng_state().seed, rng.next_offset()
+        seed, offset = _seeding.take(_resolve_mesh(device_mesh, name), name)
 
         def block(shape, start, device):
             return block_fn(seed, offset, tuple(size), start, shape, device=device,

@@ -94,29 +94,91 @@ class RNGState:
         object.__setattr__(self, "offset", int(self.offset) & _M64)
 
 
-_state: RNGState | None = None  # None: lazily seeded from torch.initial_seed()
+class _Seeding:
+    """This rank's generator state and where its seed came from.
+
+    ``source`` says who set the seed last: ``"default"`` (nobody: the seed is
+    torch's per-process default until the ranks agree on one, see
+    ``dtensor._seeding``), ``"torch"`` (``torch.manual_seed`` or any reseed of
+    torch's CPU generator), ``"dtensor"`` (``dtensor.manual_seed``, checked
+    where it is called) or ``"state"`` (``set_rng_state``). ``epoch`` counts
+    reseeds, so a mesh knows whether it has checked the current seed yet;
+    ``generation`` counts non-deterministic reseeds (``torch.seed()``), so
+    ranks agree on a new default seed per generation.
+    """
+
+    __slots__ = ("epoch", "generation", "source", "state", "torch_seed")
+
+    def __init__(self) -> None:
+        self.state: RNGState | None = None
+        self.source = "default"
+        self.torch_seed = 0  # torch.initial_seed() when the state was last set
+        self.epoch = 0
+        self.generation = 0
+
+    def reset(self, seed: int, source: str) -> None:
+        self.state = RNGState(seed, 0)
+        self.source = source
+        self.torch_seed = torch.initial_seed()
+        self.epoch += 1
+
+
+_seeding = _Seeding()
+
+
+def _current() -> _Seeding:
+    """This rank's seeding record (one per process; a simulated world with
+    several ranks per process swaps this function for a per-rank lookup)."""
+    return _seeding
+
+
+def seeding() -> _Seeding:
+    """This rank's generator state with torch's latest reseed applied.
+
+    A reseed of torch's CPU generator that bypassed ``torch.manual_seed``
+    (e.g. ``torch.default_generator.manual_seed(s)``) shows as a changed
+    ``torch.initial_seed()`` and is applied here, before any draw.
+    """
+    g = _current()
+    if g.state is None:
+        g.state = RNGState(torch.initial_seed(), 0)
+        g.torch_seed = torch.initial_seed()
+    elif torch.initial_seed() != g.torch_seed:
+        g.reset(torch.initial_seed(), "torch")
+    return g
+
+
+def _forget_seed() -> None:
+    """Back to a process nobody has seeded: the next draw takes torch's
+    default seed as it stands then (tests use it to stand for a fresh process)."""
+    g = _current()
+    g.state, g.source = None, "default"
+    g.epoch += 1
 
 
 def get_rng_state() -> RNGState:
-    """Current state. Until ``manual_seed`` is called it is
-    ``RNGState(torch.initial_seed(), 0)``, fixed at first use."""
-    global _state
-    if _state is None:
-        _state = RNGState(torch.initial_seed(), 0)
-    return _state
+    """Current state: ``RNGState(seed, offset)``.
+
+    The seed is the latest of ``torch.manual_seed(s)`` and
+    ``dtensor.manual_seed(s)`` (either resets the offset to 0); before any
+    seeding it is torch's default seed, which ranks drawing on a mesh first
+    agree on (``dtensor._seeding``).
+    """
+    return seeding().state
 
 
 def set_rng_state(state: RNGState) -> None:
     """Replace the process-global state."""
-    global _state
     if not isinstance(state, RNGState):
         raise ValueError(f"set_rng_state: expected an RNGState, got {state!r}")
-    _state = state
+    g = _current()
+    g.state, g.source, g.torch_seed = state, "state", torch.initial_seed()
+    g.epoch += 1
 
 
 def manual_seed(seed: int) -> None:
     """Set the state to ``RNGState(seed, 0)``; call it with the same seed on every rank."""
-    set_rng_state(RNGState(int(seed), 0))
+    _current().reset(int(seed), "dtensor")
 
 
 def next_offset(increment: int = 1) -> int:
@@ -127,8 +189,9 @@ def next_offset(increment: int = 1) -> int:
     """
     if increment < 0:
         raise ValueError(f"next_offset: expected increment >= 0, got {increment}")
-    st = get_rng_state()
-    set_rng_state(RNGState(st.seed, st.offset + increment))
+    g = seeding()
+    st = g.state
+    g.state = RNGState(st.seed, st.offset + increment)
     return st.offset
 
 
@@ -142,11 +205,17 @@ def fork_rng() -> Iterator[RNGState]:
         >>> torch.equal(a, rand(3))
         True
     """
-    saved = get_rng_state()
+    g = seeding()
+    saved = (g.state, g.source, g.torch_seed)
     try:
-        yield saved
+        yield saved[0]
     finally:
-        set_rng_state(saved)
+        g = _current()
+        g.state, g.source = saved[0], saved[1]
+        # torch's generator was not forked here: whatever reseeded it inside
+        # the block is not undone, so it must not look like a new reseed.
+        g.torch_seed = torch.initial_seed()
+        g.epoch += 1
 
 
 def seed_fingerprint(device: torch.device | str | None = None) -> Tensor:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dtensor import _compile
+from dtensor import _compile, _seeding
 from dtensor import _random_blocks as blocks
 from dtensor import random as rng
 from dtensor.dispatch.execute import wrap
@@ -61,7 +61,7 @@ def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
         shape, start = spec.local_block(coord) if coord is not None else (empty, empty)
         values = _compile.draw(*make.block, spec.shape, start, shape, device)
         return _zero_partial(values, spec, coord) if coord is not None else None
-    seed, offset = rng.get_rng_state().seed, rng.next_offset()
+    seed, offset = _seeding.take(spec.mesh)
     if coord is None:
         return None
     shape, start = spec.local_block(coord)

@@ -1,0 +1,208 @@
+"""Seeding as users do it: ranks agree on a seed, ``torch.manual_seed`` reseeds.
+
+Two guarantees, neither paid for on the random-op path once settled:
+
+* **Nobody seeds → replicas agree.** torch's default seed differs in every
+  process. The first draw of a world takes its seed from the world's c10d
+  store by "first writer wins" (``compare_set``): every rank offers its own
+  default seed and all get the first one written. A store operation is not a
+  collective: ranks outside the op's mesh never have to take part, nothing
+  waits, and it happens once per world (and again after ``torch.seed()``).
+* **torch reseeds us.** ``torch.manual_seed`` (and ``torch.random.manual_seed``,
+  ``torch.seed``, ``torch.get_rng_state``/``set_rng_state``, hence
+  ``torch.random.fork_rng``) are wrapped once at import so they reseed, or
+  save and restore, our generator with torch's CPU generator. A reseed that
+  bypasses them (``torch.default_generator.manual_seed``) is seen as a
+  changed ``torch.initial_seed()`` at the next draw.
+
+After a reseed through torch, the first draw on a mesh compares the members'
+``(seed, offset)`` through the store (each member publishes, then reads the
+others'; again no collective) and raises on every member if they differ:
+per-rank ``torch.manual_seed(rank)`` is a common bug that would otherwise draw
+disagreeing "replicas". ``dtensor.manual_seed`` is checked where it is called.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import _comm
+from . import random as rng
+from .errors import ShardingError
+
+__all__ = ["SeedMismatchError", "install_torch_hooks", "take"]
+
+# How long the first draw after a reseed waits for the other members' seeds.
+_CHECK_TIMEOUT_S = float(os.environ.get("DTENSOR_SEED_CHECK_TIMEOUT", "120"))
+
+
+class SeedMismatchError(ShardingError, ValueError):
+    """Ranks that draw together were seeded differently."""
+
+
+class _WorldRecord:
+    """Per world (default group): agreed default seeds and meshes checked."""
+
+    __slots__ = ("checked", "checks", "defaults")
+
+    def __init__(self) -> None:
+        self.defaults: dict[int, int] = {}  # generation -> agreed default seed
+        self.checked: dict[object, int] = {}  # mesh -> epoch last checked
+        self.checks: dict[tuple[int, ...], int] = {}  # mesh ranks -> checks so far
+
+
+# id(default group) -> (default group, record); holding the group keeps its
+# id from being reused by a later world.
+_worlds: dict[int, tuple[object, _WorldRecord]] = {}
+
+
+def _world() -> _WorldRecord | None:
+    if not _comm.is_initialized():
+        return None
+    pg = dist.distributed_c10d._world.default_pg
+    entry = _worlds.get(id(pg))
+    if entry is None or entry[0] is not pg:
+        entry = _worlds[id(pg)] = (pg, _WorldRecord())
+    return entry[1]
+
+
+def take(mesh=None, what: str = "random op") -> tuple[int, int]:
+    """``(seed, offset)`` for one random op on ``mesh``; advances the offset.
+
+    Every rank calls it once per random op, members of ``mesh`` or not.
+    Before returning, the seed is made to agree: a default seed is replaced by
+    the world's agreed one; after a torch reseed, members of ``mesh`` compare
+    theirs once (``SeedMismatchError`` on every member if they differ).
+    """
+    g = rng.seeding()
+    if g.source == "default" or g.source == "torch":
+        w = _world()
+        if w is not None:
+            if g.source == "default":
+                _agree_default(g, w)
+            elif mesh is not None and w.checked.get(mesh) != g.epoch:
+                _check(g, w, mesh, what)
+    seed = g.state.seed
+    return seed, rng.next_offset()
+
+
+def _agree_default(g, w: _WorldRecord) -> None:
+    seed = w.defaults.get(g.generation)
+    if seed is None:
+        got = _comm.store_first(f"dtensor/rng/default/{g.generation}", str(g.state.seed))
+        seed = w.defaults[g.generation] = int(got)
+    if seed != g.state.seed:
+        g.state = rng.RNGState(seed, g.state.offset)
+
+
+def _check(g, w: _WorldRecord, mesh, what: str) -> None:
+    if mesh.get_coordinate() is None:
+        return  # outsiders draw nothing, so there is nothing to disagree on
+    ranks = mesh.ranks
+    n = w.checks.get(ranks, 0)
+    w.checks[ranks] = n + 1
+    key = f"dtensor/rng/check/{','.join(map(str, ranks))}/{n}"
+    mine = f"{g.state.seed}:{g.state.offset}"
+    try:
+        got = _comm.store_exchange(key, mine, ranks, _CHECK_TIMEOUT_S)
+    except TimeoutError as e:
+        raise SeedMismatchError(
+            f"{what} on {mesh!r}: this rank was reseeded through torch "
+            f"(torch.manual_seed) and waited {_CHECK_TIMEOUT_S:.0f} s for the other "
+            f"ranks of the mesh to draw after their reseed ({e}); seed every rank "
+            "of the mesh alike before drawing on it"
+        ) from None
+    if len(set(got)) > 1:
+        seeds = ", ".join(f"rank {r}: seed {v.replace(':', ' offset ')}" for r, v in zip(ranks, got))
+        raise SeedMismatchError(
+            f"{what} on {mesh!r}: its ranks hold different random states after "
+            f"torch.manual_seed ({seeds}); replicas would disagree. Seed every "
+            "rank with the same value (torch.manual_seed(s) on all ranks), or "
+            "call dtensor.manual_seed(s) after per-rank seeding to give DTensor "
+            "random ops one stream"
+        )
+    w.checked[mesh] = g.epoch
+
+
+# torch's seeding functions -------------------------------------------------
+# id(state tensor returned by torch.get_rng_state) -> (weak ref, our state,
+# source). Keyed by id: tensors compare elementwise, so they cannot be keys.
+_saved: dict[int, tuple[weakref.ref, rng.RNGState, str]] = {}
+
+
+def _remember(t) -> None:
+    if len(_saved) >= 64:
+        for k in [k for k, v in _saved.items() if v[0]() is None]:
+            del _saved[k]
+    g = rng.seeding()
+    _saved[id(t)] = (weakref.ref(t), g.state, g.source)
+
+
+def _restore(t) -> None:
+    entry = _saved.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return  # a state saved elsewhere (e.g. loaded from a file): ours stays
+    g = rng._current()
+    g.state, g.source = entry[1], entry[2]
+    g.torch_seed = torch.initial_seed()
+    g.epoch += 1
+
+
+def _after_manual_seed() -> None:
+    rng._current().reset(torch.initial_seed(), "torch")
+
+
+def _after_seed() -> None:
+    g = rng._current()
+    g.reset(torch.initial_seed(), "default")
+    g.generation += 1
+
+
+def _wrap(fn, after=None, kind: str = ""):
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if kind == "get":
+            _remember(out)
+        elif kind == "set":
+            _restore(args[0] if args else kwargs.get("new_state"))
+        else:
+            after()
+        return out
+
+    wrapper.__wrapped__ = fn
+    wrapper.__name__, wrapper.__qualname__ = fn.__name__, fn.__qualname__
+    wrapper.__doc__ = fn.__doc__
+    wrapper._dtensor_hook = True
+    return wrapper
+
+
+def install_torch_hooks() -> None:
+    """Wrap torch's seeding functions so they drive our generator too (idempotent).
+
+    ``torch.manual_seed(s)`` → our state ``(s, 0)``; ``torch.seed()`` → a new
+    default seed, agreed again; ``torch.get_rng_state()`` remembers our state
+    beside the tensor it returns and ``torch.set_rng_state`` of that tensor
+    restores it (that is how ``torch.random.fork_rng`` restores both).
+    """
+    import torch.random as trandom
+
+    for name, after, kind in (
+        ("manual_seed", _after_manual_seed, ""),
+        ("seed", _after_seed, ""),
+        ("get_rng_state", None, "get"),
+        ("set_rng_state", None, "set"),
+    ):
+        fn = getattr(trandom, name)
+        if getattr(fn, "_dtensor_hook", False):
+            continue
+        wrapped = _wrap(fn, after, kind)
+        setattr(trandom, name, wrapped)
+        if getattr(torch, name, None) is fn:
+            setattr(torch, name, wrapped)
+
+
+install_torch_hooks()
