@@ -244,6 +244,10 @@ def _distributed_inputs(draw, world_size, min_ndim, max_ndim, allow_sub_meshes,
             allow_sub_meshes=allow_sub_meshes,
         )
     )
+    if shapes is None and max(layout.shape) > 5:
+        # A wide axis (8+ ranks, simulated worlds): sides past its size, or every
+        # piece after the 6th would be empty; two dims bound the cost.
+        shapes = tensor_shapes(max_dims=2, max_side=max(layout.shape) + 3)
     tensor = draw(tensors(shape=shapes, dtype=dts, fills=fills))
     ps = draw(
         placements(
