@@ -214,3 +214,34 @@ def test_foreach_optimizer_step_never_communicates(world, name) -> None:
             opt.step()
         opt.zero_grad()
         assert c.total == 0, c.counts
+
+
+FUSED = {
+    "sgd": lambda ps, fused: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=fused),
+    "adam": lambda ps, fused: torch.optim.Adam(ps, lr=0.05, fused=fused),
+    "adamw": lambda ps, fused: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1, fused=fused),
+    "adamw_amsgrad": lambda ps, fused: torch.optim.AdamW(ps, lr=0.05, amsgrad=True, fused=fused),
+}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_optimizers_on_cpu_equal_unfused_without_communicating(world, name) -> None:
+    from dtensor.debug import CommCounter
+
+    ref, model = _pair(2)
+    opt_ref = FUSED[name](ref.parameters(), False)
+    opt = FUSED[name](model.parameters(), True)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        x = torch.randn(4, 6, generator=g)
+        _loss(ref, x).backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        _loss(model, x).backward()
+        with CommCounter() as c:
+            opt.step()
+        opt.zero_grad()
+        assert c.total == 0, c.counts
+    _check_params(model, ref, {"atol": 2e-5, "rtol": 1e-4})
+    assert model.up.weight.placements == (Shard(0),)

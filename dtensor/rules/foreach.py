@@ -1,5 +1,6 @@
-"""Pointwise ``_foreach_*`` ops (what ``torch.optim`` and ``clip_grad_*`` call):
-one rule for the whole list, decided element by element.
+"""Pointwise ``_foreach_*`` ops (what ``torch.optim`` and ``clip_grad_*`` call)
+and the fused optimizer kernels (``fused=True``): one rule for the whole
+list, decided element by element.
 
 Element ``i`` of a foreach call is the ``i``-th member of every ``Tensor[]``
 argument, plus the arguments shared by all elements (a ``Tensor`` such as
@@ -92,6 +93,7 @@ def _columns(call):
 def foreach_rule(call):
     specs = call.specs
     lists, shared = _columns(call)
+    lists = [col for col in lists if col]  # optional lists (max_exp_avg_sqs) may be empty
     if not lists or any(len(col) != len(lists[0]) for col in lists):
         return None
     scaling = call.func.overloadpacket.__name__ in _SCALING_PACKETS
@@ -100,6 +102,11 @@ def foreach_rule(call):
     for i in range(len(lists[0])):
         members = [col[i] for col in lists]
         first = specs[members[0]]
+        # 0-d members (a fused optimizer's step counts) meet the element
+        # like a scalar: replicated, and they never decide the layout.
+        scalars = [j for j in members if not specs[j].shape and first.shape]
+        members = [j for j in members if j not in scalars]
+        shared_i = shared + scalars
         same = all(specs[j].shape == first.shape for j in members)
         if same:
             target = first.placements
@@ -112,10 +119,10 @@ def foreach_rule(call):
             target = (Replicate(),) * first.mesh.ndim
         for j in members:
             want[j] = target
+        for j in shared_i:  # NOTE: replicated, so a partial element times it stays partial
+            want[j] = (Replicate(),) * specs[j].mesh.ndim
         outs.append(target)
         shapes.append(first.shape)
-    for j in shared:  # NOTE: replicated, so a partial element times it stays partial
-        want[j] = (Replicate(),) * specs[j].mesh.ndim
     n = len(call.func._schema.returns)
     if n == 0:  # in place: results are the first list's members
         return Sharding(tuple(want), ())
@@ -142,4 +149,8 @@ def _pointwise_foreach_packets():
     return out
 
 
-RULES: dict = dict.fromkeys(_pointwise_foreach_packets(), foreach_rule)
+# Fused optimizer kernels are elementwise over the same columns (params,
+# grads, states; step counts and lr as scalars).
+_FUSED = [aten._fused_adam_, aten._fused_adamw_, aten._fused_sgd_]
+
+RULES: dict = dict.fromkeys([*_pointwise_foreach_packets(), *_FUSED], foreach_rule)
