@@ -29,7 +29,7 @@ from torch import nn
 from dtensor._compile import traced_hook
 from dtensor.distribute import distribute_tensor
 from dtensor.errors import PlanError, ShardingError
-from dtensor.mesh import DeviceMesh
+from dtensor.mesh import DeviceMesh, resolve_mesh
 from dtensor.placement import Replicate
 from dtensor.spec import (
     DTensorSpec,
@@ -37,7 +37,7 @@ from dtensor.spec import (
     contiguous_stride,
     normalize_placements,
 )
-from dtensor.tensor import DTensor, _resolve_mesh
+from dtensor.tensor import DTensor
 
 __all__ = ["distribute_module"]
 
@@ -71,7 +71,7 @@ def distribute_module(
             f"distribute_module: already applied to this {type(module).__name__}; "
             "call it once per module (a second call would hook the inputs twice)"
         )
-    mesh = _resolve_mesh(device_mesh, "distribute_module")
+    mesh = resolve_mesh(device_mesh, "distribute_module")
     in_hook = _hook("input_fn", input_fn, mesh)
     out_hook = _hook("output_fn", output_fn, mesh)
     for name, sub in module.named_modules():

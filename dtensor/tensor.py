@@ -17,8 +17,9 @@ import torch
 from dtensor import _compile, _local_check, _persist
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
-from dtensor.errors import CrossMeshError, MeshError, PlacementError, ShardingError
-from dtensor.mesh import DeviceMesh, current_mesh
+from dtensor.errors import CrossMeshError, PlacementError, ShardingError
+from dtensor.mesh import DeviceMesh
+from dtensor.mesh import resolve_mesh as _resolve_mesh  # its old home; importers use it
 from dtensor.placement import (
     Partial,
     Placement,
@@ -35,26 +36,6 @@ from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
 __all__ = ["DTensor", "rebuild_dtensor"]
-
-
-def _resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
-    if mesh is None:
-        if _compile.tracing():
-            # NOTE: a compiled program would keep the mesh current at compile
-            # time without a guard on it.
-            raise MeshError(
-                f"{what}: under torch.compile pass device_mesh=... explicitly "
-                "(the current mesh of `with mesh:` is not tracked by compiled code)"
-            )
-        mesh = current_mesh()
-        if mesh is None:
-            raise MeshError(
-                f"{what}: no device_mesh given and no current mesh; pass "
-                "device_mesh=... or use `with mesh:`"
-            )
-    elif not isinstance(mesh, DeviceMesh):
-        raise MeshError(f"{what}: expected a dtensor.DeviceMesh, got {type(mesh).__name__}")
-    return mesh
 
 
 def _check_tensor(x, what: str) -> None:
