@@ -64,10 +64,14 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
+
 from dtensor import _comm, _persist
+from dtensor.errors import ShardingError
 from dtensor.tensor import DTensor, rebuild_dtensor
 
 __all__ = [
+    "CheckpointError",
     "load",
     "object_collectives_without_numpy",
     "process_group_for",
@@ -109,6 +113,60 @@ def process_group_for(state_dict: Mapping) -> tuple[bool, Any]:
     if ranks == list(range(_comm.get_world_size())):
         return True, None
     return True, _comm.group_for(ranks)
+
+
+class CheckpointError(ShardingError):
+    """A checkpoint call failed on another rank before DCP started on this one."""
+
+
+def _agree(error: Exception | None, group, what: str) -> None:
+    """Raise on every taking-part rank if any failed before DCP's collectives.
+
+    DCP agrees on failures inside its own steps, but an error raised before it
+    starts (a state dict that differs on one rank, say) would leave the other
+    ranks blocked in its first collective. One small all-gather instead:
+    the failing ranks raise their own error, the others a ``CheckpointError``
+    naming them.
+    """
+    if _comm.is_initialized() and _comm.get_world_size() > 1:
+        import torch.distributed as dist
+
+        group = group if group is not None else dist.group.WORLD
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+        flags = _comm.all_gather(flag, group)
+        ranks = dist.get_process_group_ranks(group)
+        failed = [r for r, f in zip(ranks, flags, strict=True) if int(f.item())]
+    else:
+        failed = [] if error is None else [_comm.get_rank()]
+    if error is not None:
+        raise error
+    if failed:
+        raise CheckpointError(
+            f"{what}: rank{'s' if len(failed) > 1 else ''} "
+            f"{','.join(map(str, failed))} failed before writing or reading anything "
+            "(see their error); no rank went on"
+        )
+
+
+def _prepare(state_dict: Mapping, verb: str, preposition: str) -> tuple[bool, Any]:
+    """(does this rank take part, group), once every taking-part rank passed the checks.
+
+    Checked before DCP runs, so a failing rank raises its own error (DCP
+    would wrap it in a CheckpointException) and the others raise with it.
+    """
+    error = None
+    try:
+        for fqn, dt in _dtensors(state_dict):
+            _persist.refuse_partial(dt, f"dtensor.checkpoint.{verb} {preposition} {fqn!r}")
+    except Exception as e:  # any local failure: the others must not wait for us
+        error = e
+    member, group = process_group_for(state_dict)
+    if not member:
+        if error is not None:
+            raise error
+        return False, None
+    _agree(error, group, f"dtensor.checkpoint.{verb}")
+    return True, group
 
 
 def _tensor_to_object(tensor, tensor_size, group):
@@ -160,11 +218,7 @@ def save(state_dict: Mapping, checkpoint_id: str | os.PathLike, **dcp_kwargs) ->
     """
     import torch.distributed.checkpoint as dcp
 
-    # Checked before DCP runs, so every rank raises this error itself (DCP
-    # would wrap it in a CheckpointException).
-    for fqn, dt in _dtensors(state_dict):
-        _persist.refuse_partial(dt, f"dtensor.checkpoint.save of {fqn!r}")
-    member, group = process_group_for(state_dict)
+    member, group = _prepare(state_dict, "save", "of")
     if not member:
         return
     with object_collectives_without_numpy():
@@ -186,9 +240,7 @@ def load(state_dict: dict, checkpoint_id: str | os.PathLike, **dcp_kwargs) -> No
     """
     import torch.distributed.checkpoint as dcp
 
-    for fqn, dt in _dtensors(state_dict):
-        _persist.refuse_partial(dt, f"dtensor.checkpoint.load into {fqn!r}")
-    member, group = process_group_for(state_dict)
+    member, group = _prepare(state_dict, "load", "into")
     if not member:
         return
     with object_collectives_without_numpy():

@@ -181,6 +181,35 @@ def test_partial_is_refused_on_every_rank_as_a_value_error(world) -> None:
 
 
 @W2
+def test_a_failure_on_one_rank_fails_every_rank_instead_of_blocking(world) -> None:
+    # Rank 1's state dict holds a Partial: before, rank 1 raised and rank 0
+    # waited in DCP's first collective until killed.
+    mesh = DeviceMesh("cpu", [0, 1])
+    placements = [Partial()] if world.rank == 1 else [Replicate()]
+    sd = {"p": distribute_tensor(torch.ones(4), mesh, placements)}
+    with shared_dir(world) as path:
+        for call in (ckpt.save, ckpt.load):
+            if world.rank == 1:
+                with pytest.raises(PlacementError, match="reduce it first"):
+                    call(sd, path)
+            else:
+                with pytest.raises(ckpt.CheckpointError, match="rank 1 failed before") as e:
+                    call(sd, path)
+                assert isinstance(e.value, RuntimeError)
+
+
+def test_numpy_is_declared_for_torchs_dcp() -> None:
+    # torch's DCP decodes its object collectives with numpy, which torch does
+    # not declare: README's install must bring it.
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).parents[1] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "numpy" for d in deps), deps
+
+
+@W2
 def test_shape_mismatch_on_load_fails_on_every_rank(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     with shared_dir(world) as path:
