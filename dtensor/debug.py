@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from dtensor import _comm
+from dtensor._module_tracker import ModuleTracker, in_backward
 
 __all__ = ["CommCounter", "CommDebugMode", "sharding_table", "visualize_sharding"]
 
@@ -131,6 +132,10 @@ class CommDebugMode:
     ``get_comm_counts()``, ``get_total_counts()``, and ``comm_module_counts``
     (``{module fqn: {"forward": {key: n}, "backward": {key: n}}}`` with a
     ``"Global"`` entry; a collective counts for its module and every parent).
+    Collectives are attributed as PyTorch does (``dtensor/_module_tracker.py``):
+    a style's output hook counts for its module, backward collectives under
+    ``"backward"`` for the module whose gradient is being computed, and
+    collectives outside any module (an optimizer step) for ``"Global"``.
     Counting restarts at each ``with``.
 
     Example:
@@ -156,9 +161,9 @@ class CommDebugMode:
         self.comm_counts[key] += 1
         self.comm_bytes[key] += int(nbytes)
         tracker = self._tracker
-        phase = "backward" if tracker is not None and tracker.is_bw else "forward"
-        modules = tracker.parents if tracker is not None else {"Global"}
-        for name in modules | {"Global"}:
+        phase = "backward" if in_backward() else "forward"
+        modules = tracker.modules() if tracker is not None else {"Global"}
+        for name in modules:
             for table, amount in ((self.comm_module_counts, 1),
                                   (self.comm_module_bytes, int(nbytes))):
                 entry = table.get(name)
@@ -167,8 +172,6 @@ class CommDebugMode:
                 entry[phase][key] += amount
 
     def __enter__(self) -> CommDebugMode:
-        from torch.distributed._tools.mod_tracker import ModTracker
-
         self.comm_counts.clear()
         self.comm_bytes.clear()
         self.comm_module_counts.clear()
@@ -177,8 +180,7 @@ class CommDebugMode:
         self._sharding.clear()
         for table in (self.comm_module_counts, self.comm_module_bytes):
             table["Global"] = {"forward": _Counts(), "backward": _Counts()}
-        self._tracker = ModTracker()
-        self._tracker.register_user_hooks(pre_fw_hook=self._on_forward)
+        self._tracker = ModuleTracker(on_forward=self._on_forward)
         self._tracker.__enter__()
         _comm.push_counter(self)
         return self
@@ -186,12 +188,10 @@ class CommDebugMode:
     def __exit__(self, *exc) -> None:
         _comm.pop_counter(self)
         self._tracker.__exit__(*exc)
-        self._tracker.clear_user_hooks()
 
-    def _on_forward(self, module, inputs) -> None:
+    def _on_forward(self, name: str, module) -> None:
         from dtensor.tensor import DTensor
 
-        name = self._tracker.get_known_fqn(module) or type(module).__name__
         for pname, p in module.named_parameters(recurse=False):
             self._parameters.setdefault(name, {})[pname] = p.data
             if isinstance(p.data, DTensor):

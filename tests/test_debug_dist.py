@@ -108,6 +108,50 @@ def test_comm_debug_mode_breaks_counts_down_by_module_and_phase(world) -> None:
     assert "_Net.row" in table and "all_reduce x1" in table
 
 
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net1 = torch.nn.Linear(4, 8)
+        self.relu = torch.nn.ReLU()
+        self.net2 = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+@W2
+def test_comm_debug_mode_files_tp_collectives_under_layer_and_phase_as_torch(world) -> None:
+    # PyTorch's test_MLP_module_tracing: the row-parallel output all-reduce is
+    # net2's forward (it runs in a forward hook), the column-parallel input
+    # gradient all-reduce is net1's backward; an optimizer's is Global's.
+    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = DeviceMesh("cpu", [0, 1])
+    model = parallelize_module(
+        _MLP(), mesh, {"net1": ColwiseParallel(), "net2": RowwiseParallel()}
+    )
+    x = torch.ones(2, 4, requires_grad=True)
+    with CommDebugMode() as comm:
+        model(x).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    per = comm.comm_module_counts
+    ar = funcol.all_reduce
+    assert per["_MLP.net2"]["forward"][ar] == 1
+    assert per["_MLP.net2"]["backward"][ar] == 0
+    assert per["_MLP.net1"]["forward"][ar] == 0
+    assert per["_MLP.net1"]["backward"][ar] == 1
+    assert per["_MLP"]["forward"][ar] == 1 and per["_MLP"]["backward"][ar] == 1
+    assert "_MLP.relu" not in per or sum(per["_MLP.relu"]["forward"].values()) == 0
+    # clip_grad_norm_'s reduction ran outside any module and outside backward.
+    assert per["Global"]["backward"][ar] == 1
+    assert per["Global"]["forward"][ar] == comm.get_comm_counts()[ar] - 1 >= 2
+    nbytes = comm.comm_module_bytes["_MLP.net2"]["forward"][ar]
+    assert nbytes == 2 * 4 * 4  # the (2, 4) float32 output
+    table = comm.generate_comm_debug_tracing_table()
+    assert re.search(r"_MLP\.net1\n\s+backward: all_reduce x1", table), table
+
+
 def _parse(table: str) -> dict[int, tuple[slice, slice]]:
     """{rank: (row range, col range)} from a visualize_sharding table."""
     lines = table.splitlines()[1:]
