@@ -1,0 +1,95 @@
+"""Covers: launch/sim_mode.py and launch/sim_lockstep.py (``pytest --dist-sim``):
+world_size tests run with n ranks as threads of one process, @given tests in
+lockstep across them, failures with simulated and real Replay lines, and
+``--dist-sim-confirm`` telling runtime bugs from simulator faults."""
+
+from __future__ import annotations
+
+SUITE = """
+import os
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+
+
+@pytest.mark.world_size(4)
+def test_ranks_are_threads_of_one_process(world):
+    assert (world.rank, world.size) == (dist.get_rank(), 4)
+    assert threading.current_thread() is not threading.main_thread()
+    t = torch.tensor([float(world.rank)])
+    dist.all_reduce(t)
+    assert t.item() == 6.0
+
+
+@pytest.mark.world_size(4)
+@settings(max_examples=30, database=None)
+@given(x=st.integers(0, 100))
+def test_lockstep_all_reduce(world, x):
+    t = torch.tensor([x])
+    dist.all_reduce(t)
+    assert t.item() == 4 * x
+
+
+@pytest.mark.world_size(4)
+@settings(max_examples=50, database=None)
+@given(x=st.integers(0, 100))
+def test_fails_on_rank_3_from_10(world, x):
+    t = torch.tensor([x])
+    dist.all_reduce(t)
+    assert not (world.rank == 3 and x >= 10), f"rank 3 got x={x}"
+
+
+@pytest.mark.world_size(2)
+def test_fails_everywhere(world):
+    assert world.size == 3, "a bug of the code under test"
+
+
+@pytest.mark.world_size(2)
+def test_passes_only_in_separate_processes(world):
+    # Relies on one rank per process: the simulation's fault, not the code's.
+    assert threading.current_thread() is threading.main_thread()
+
+
+@pytest.mark.world_size(2)
+def test_skipped_on_every_rank(world):
+    pytest.skip("not here")
+"""
+
+
+def test_world_size_tests_run_as_threads(child) -> None:
+    r = child({"test_s.py": SUITE}, "-m", "pytest", "--dist-sim", "-p", "no:cacheprovider",
+              "test_s.py", "-k", "threads or lockstep or skipped", "-rs")
+    assert r.rc == 0, r.out
+    assert "2 passed, 1 skipped" in r.out, r.out
+    assert "not here" in r.out
+    assert "simulated worlds of 2, 4 ranks" in r.out, r.out
+
+
+def test_a_one_rank_failure_shrinks_in_lockstep_and_prints_both_replays(child) -> None:
+    r = child({"test_s.py": SUITE}, "-m", "pytest", "--dist-sim", "-p", "no:cacheprovider",
+              "test_s.py", "-k", "rank_3")
+    assert r.rc == 1, r.out
+    assert "example failed on rank(s) [3] of [0, 1, 2, 3]" in r.out, r.out
+    assert "x=10" in r.out, r.out  # every rank shrank to the same minimal example
+    assert "Replay: pytest --dist-sim 'test_s.py::test_fails_on_rank_3_from_10'" in r.out
+    assert ("Replay (real world): torchrun --nproc_per_node=4 -m pytest "
+            "'test_s.py::test_fails_on_rank_3_from_10'") in r.out
+
+
+def test_confirm_tells_runtime_bugs_from_simulator_faults(child) -> None:
+    r = child({"test_s.py": SUITE}, "-m", "pytest", "--dist-sim", "--dist-sim-confirm",
+              "-p", "no:cacheprovider", "test_s.py", "-k", "everywhere or separate",
+              timeout=600)
+    assert r.rc == 1, r.out
+    assert "reproduced on a real 2-rank world (a runtime bug)" in r.out, r.out
+    assert "SIMULATOR FAULT? the real 2-rank world passes" in r.out, r.out
+
+
+def test_dist_sim_is_refused_under_torchrun(child) -> None:
+    r = child({"test_s.py": SUITE}, "-m", "torch.distributed.run", "--nproc_per_node=1",
+              "-m", "pytest", "--dist-sim", "-p", "no:cacheprovider", "test_s.py")
+    assert r.rc != 0
+    assert "--dist-sim runs simulated worlds inside one process" in r.out, r.out
