@@ -62,16 +62,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      f"default <rootdir>/{DEFAULT_DB} if it exists)")
 
 
-def _path(config: pytest.Config) -> Path | None:
+def _path(config: pytest.Config) -> Path | str | None:
     given = config.getoption("fuzz_db", None) or os.environ.get(ENV)
+    if given and given.startswith("github:"):
+        return given
     path = Path(given) if given else Path(config.rootpath) / DEFAULT_DB
     return path.resolve() if path.is_dir() else None
 
 
 def database(path: Path | str, *, writable: bool = False) -> Any:
-    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+    """The example database at ``path``: a folder, or ``github:OWNER/REPO[/ARTIFACT]``
+    (Hypothesis' ``GitHubArtifactDatabase``: the folder a CI job uploaded as
+    an artifact; always read-only)."""
+    from hypothesis.database import (
+        DirectoryBasedExampleDatabase,
+        GitHubArtifactDatabase,
+        ReadOnlyDatabase,
+    )
 
-    db = DirectoryBasedExampleDatabase(str(path))
+    spec = str(path)
+    if spec.startswith("github:"):
+        owner, repo, *artifact = spec.removeprefix("github:").split("/")
+        return ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, *artifact[:1]))
+    db = DirectoryBasedExampleDatabase(spec)
     return db if writable else ReadOnlyDatabase(db)
 
 
@@ -108,7 +121,7 @@ def replay_seed(inner: Any) -> int:
     return int.from_bytes(function_digest(inner)[:8], "big")
 
 
-_KEY = pytest.StashKey[Path]()
+_KEY = pytest.StashKey["Path | str"]()
 
 
 def keys_of(item: pytest.Item) -> list[bytes]:
@@ -130,7 +143,7 @@ def keys_of(item: pytest.Item) -> list[bytes]:
     return keys
 
 
-def stored(items: list[pytest.Item], path: Path) -> set[str]:
+def stored(items: list[pytest.Item], path: Path | str) -> set[str]:
     """Node ids of ``items`` with examples in the database at ``path``."""
     db = database(path)
     out = set()

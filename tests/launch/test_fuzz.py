@@ -180,7 +180,8 @@ def test_report_writes_markdown_json_and_html_with_plots(tmp_path):
     assert "AssertionError" in md and "shrunk identically on every rank: yes" in md
     assert "Replay: DTENSOR_MUTANT=m" in md
     html = page.read_text()
-    assert html.count("<svg") == 3 and "<path d=" in html and "t.py::b" in html
+    assert html.count("<svg") == html.count("</svg>") == 3
+    assert "<path d=" in html and "t.py::b" in html
 
 
 def test_live_rows_show_examples_rates_recent_coverage_and_failures():
