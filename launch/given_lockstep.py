@@ -13,8 +13,8 @@ runs underneath). Per run it
 - turns off what differs between processes: deadlines, timing health checks,
   the ``explain`` phase; only rank 0 reads and writes the example database,
   and the other ranks replay what rank 0 read from it;
-- after every example, compares a digest of Hypothesis' choice sequence across
-  the test's ranks (a divergence raises ``LockstepDivergence`` on every rank,
+- after every example, compares a digest of Hypothesis' choice sequence and
+  of the drawn values' reprs across the test's ranks (a divergence raises ``LockstepDivergence`` on every rank,
   naming the first differing rank and the first differing draw, and is never
   shrunk) and agrees on the outcome: if any rank failed, every rank raises the
   same ``RankFailure``, so Hypothesis shrinks along the same path everywhere.
@@ -244,7 +244,9 @@ class _Run:
             choices = repr(current_build_context().data.choices)
         except Exception:
             choices = repr(draws)
-        digest = hashlib.sha1(f"{self.name}|{choices}".encode()).hexdigest()
+        # Both: choices catch what a repr abbreviates, reprs catch values that
+        # took no choice (st.just of a rank-local value).
+        digest = hashlib.sha1(f"{self.name}|{choices}|{draws}".encode()).hexdigest()
         slot = str(self.k)
         self.k += 1
         got = self.exchange(slot, {"h": digest, "o": outcome, "e": err,
