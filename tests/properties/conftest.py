@@ -6,7 +6,8 @@ world, on the DTensor implementation ``--dtensor-impl`` names.
 - ``--dtensor-impl {dtensor,torch}`` (env ``DTENSOR_TEST_IMPL``) and the
   ``impl`` fixture (``dtensor.testing.get_impl``).
 - ``DTENSOR_MUTANT=name`` applies ``tools/mutants.py``'s mutant on every rank.
-- After the run, one line per distributed property: pass / FAIL / skip.
+- ``--property-summary``: after the run, one line per distributed property:
+  pass / FAIL / skip.
 - Both appear in the ``Replay:`` line of the lockstep Hypothesis plugin
   (``launch.hypothesis_lockstep``, loaded by the root conftest, keeps the
   ranks' examples identical) through its ``pytest_lockstep_replay_args`` hook.
@@ -53,6 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dtensor-impl", choices=("dtensor", "torch"),
                 default=os.environ.get(IMPL_ENV, "dtensor"),
                 help=f"DTensor implementation the properties run on (env {IMPL_ENV})")
+    g.addoption("--property-summary", action="store_true", default=False,
+                help="after the run, one line per distributed property: pass / FAIL / skip")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -142,8 +145,8 @@ class _Summary:
                 rows.setdefault(nodeid, (kind, _first_line(rep)))
                 if kind in ("failed", "error"):
                     rows[nodeid] = (kind, _first_line(rep))
-        if not rows:
-            return
+        if not rows or not self.config.getoption("property_summary", default=False):
+            return  # -q stays short: failures are in pytest's own summary
         mutant = os.environ.get(MUTANT_ENV)
         tr = terminalreporter
         tr.write_sep("-", f"property summary: impl={_impl(self.config)}"
