@@ -285,10 +285,12 @@ def distributed_inputs(
         shape, dtype, fills: as for ``tensors``.
         mesh_factory: ``layout -> mesh``; default: a cached dtensor CPU mesh.
 
-    Example:
+    Example (inside a ``world_size`` test; the test service runs this inner
+    ``@given`` in lockstep, every rank drawing the same examples):
         >>> @given(distributed_inputs(world_size=world.size))
         ... def check(inp):
         ...     dt = distribute_tensor(inp.tensor, inp.mesh, inp.placements)
+        >>> check()
     """
     fn = "distributed_inputs"
     check_int(fn, "world_size", world_size, min_value=1)
