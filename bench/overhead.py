@@ -267,42 +267,37 @@ def overhead_table(number: int) -> None:
     dist.destroy_process_group()
 
 
-class _NoFastPath(dict):
-    """Stands in for ``dtensor.dispatch.fast._fast``: every call takes the general path."""
-
-    def get(self, key, default=None):
-        return default
-
-    def __setitem__(self, key, value) -> None:
-        pass
-
-
 def ablation(number: int) -> None:
     """What each optimisation buys: our path with one of them switched off."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import dtensor as ours
-    from dtensor.dispatch import fast as dispatch
-    from dtensor.dispatch import propagate
+    from dtensor.dispatch import cache, fast, general, propagate
+    from dtensor.dispatch.op import OpInfo
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     mesh = ours.DeviceMesh("cpu", [0, 1])
     cases = _cases(ours, mesh)
-    binding, fast, remember = dispatch._binding, dispatch._fast, dispatch._remember
+    binding, fast_form = OpInfo.binding, general.fast_form
 
-    def no_bindings(func, args, kwargs):
-        return func._op
+    def no_bindings(info, loc, kwargs):
+        return info.func._op
 
-    def no_remember(*args):
-        pass
+    def no_fast_form(*args, **kwargs):
+        return None
 
-    # (fast-entry table, binding chooser, fast-entry maker) per variant: entries
-    # made under one variant must not serve another.
+    # (call table, binding chooser, fast-form maker) per variant: plans made
+    # under one variant must not serve another.
     variants = {
-        "all on": ({}, binding, remember),
-        "no bindings (torch.ops call)": ({}, no_bindings, remember),
-        "no fast path (propagation cache)": (_NoFastPath(), binding, no_remember),
+        "all on": ({}, binding, fast_form),
+        "no bindings (torch.ops call)": ({}, no_bindings, fast_form),
+        "no fast path (plans only)": ({}, binding, no_fast_form),
     }
+
+    def use(variant) -> None:
+        fast.TABLE = general.TABLE = cache.TABLE = variant[0]
+        OpInfo.binding, general.fast_form = variant[1], variant[2]
+
     ops = ["detach", "add", "mm S0xR", "sum(1)", "view", "transpose", "mlp fwd+bwd"]
     print(
         f"# Ablation, cached path, {_stat_name()} µs "
@@ -315,13 +310,11 @@ def ablation(number: int) -> None:
         fns = {}
         for name, variant in variants.items():
             def run(variant=variant, fn=cases[op]):
-                dispatch._fast, dispatch._binding, dispatch._remember = variant
+                use(variant)
                 try:
                     return fn()
                 finally:
-                    dispatch._fast, dispatch._binding, dispatch._remember = (
-                        fast, binding, remember
-                    )
+                    use(variants["all on"])
 
             fns[name] = run
         t = _timeit_side_by_side(fns, n)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, implicit_replication
-from dtensor.dispatch import fast as D
+from dtensor.dispatch.cache import TABLE, forget, record
 from dtensor.dispatch.call import Call
 from dtensor.dispatch.meta import host_probe_ok, infer_meta, inplace_metas, shape_metas
 from dtensor.rules import rule_for_tags
@@ -85,11 +85,11 @@ def test_scalar_argument_types_are_part_of_the_cache_key() -> None:
 def test_float_scalars_share_one_fast_entry_and_use_the_current_value() -> None:
     x = dt(torch.ones(2, 3), Shard(0))
     x * 0.5
-    before = len(D._fast)
+    before = len(TABLE)
     for scale in (0.25, 3.0, -1.5):
         y = x * scale
         assert float(y.to_local()[0, 0]) == scale and y.placements == (Shard(0),)
-    assert len(D._fast) == before
+    assert len(TABLE) == before
     xi = dt(torch.ones(2, dtype=torch.int64), Shard(0))
     assert (xi * 2).dtype == torch.int64 and (xi * 2.5).dtype == torch.float32
 
@@ -108,9 +108,9 @@ def test_fast_path_results_match_the_general_path() -> None:
         "t": lambda: a.t(),
     }
     for name, fn in ops.items():
-        D._fast.clear()
-        first = fn()  # the general path, which makes fast entries
-        assert D._fast, f"{name}: no fast entry"
+        forget()
+        first = fn()  # the general path, which makes plans with fast forms
+        assert _fast_ops(), f"{name}: no fast form"
         second = fn()
         for f, s in zip(_leaves(first), _leaves(second), strict=True):
             assert type(f) is type(s) is DTensor, name
@@ -129,22 +129,98 @@ def test_inplace_fast_path_returns_self_and_keeps_its_spec() -> None:
 
 
 def test_linear_ops_on_partials_stay_partial_on_the_fast_path() -> None:
-    D._fast.clear()
+    forget()
     p = dt(torch.ones(2), Partial())
     q = p * 3.0  # linear: stays partial, no communication
     assert q.placements == (Partial(),)
     assert (p * 3.0).placements == (Partial(),)
-    assert any(k[0] is aten.mul.Tensor._op for k in D._fast)
+    assert aten.mul.Tensor._op in _fast_ops()
 
 
 def test_bindings_stand_in_only_where_they_call_the_same_overload() -> None:
     t = torch.ones(2, 3)
-    assert D._binding(aten.add.Tensor, (t, t), {}) is torch._C._VariableFunctions.add
+    assert _binding(aten.add.Tensor, (t, t), {}) is torch._C._VariableFunctions.add
     # torch.add(t, 2) resolves to add.Tensor (a wrapped number), not add.Scalar.
-    assert D._binding(aten.add.Scalar, (t, 2), {}) is aten.add.Scalar._op
-    assert D._binding(aten.add_.Tensor, (t, t), {}) is torch._C.TensorBase.add_
+    assert _binding(aten.add.Scalar, (t, 2), {}) is aten.add.Scalar._op
+    assert _binding(aten.add_.Tensor, (t, t), {}) is torch._C.TensorBase.add_
     # A tensor that is not a plain torch.Tensor is never probed.
-    assert D._binding(aten.neg.default, (torch.nn.Parameter(t),), {}) is aten.neg.default._op
+    assert _binding(aten.neg.default, (torch.nn.Parameter(t),), {}) is aten.neg.default._op
+
+
+def test_one_record_per_overload_built_once_and_agreeing_with_the_rules() -> None:
+    from dtensor.dispatch.op import LIST, NONE, ONE, SELF, TUPLE
+    from dtensor.sharding import writes_self
+
+    x = dt(torch.ones(2, 4), Shard(0))
+    forget()
+    for _ in range(3):
+        x.add_(1), x * 2, x.split(2, 1), x.max(1)
+    info = record(aten.add_.Tensor)
+    assert info is record(aten.add_.Tensor)  # one record, kept
+    expect = {
+        aten.add_.Tensor: (True, SELF),
+        aten.mul.Tensor: (False, ONE),
+        aten.split.Tensor: (False, LIST),
+        aten.max.dim: (False, TUPLE),
+        aten._foreach_add_.List: (True, NONE),
+        aten.copy_.default: (True, SELF),
+        aten.add.out: (False, ONE),
+    }
+    for op, (inplace, returns) in expect.items():
+        r = record(op)
+        # "In place" has one definition, which the pointwise rule reads too.
+        assert r.inplace == inplace == writes_self(op), op
+        assert r.returns == returns, (op, r.returns)
+    assert not record(aten.bernoulli.p).host_probe and record(aten.add.Tensor).host_probe
+
+
+def test_list_arguments_key_the_call_table_and_run_fast() -> None:
+    forget()
+    x = dt(torch.arange(6.0).reshape(2, 3))
+    y = dt(torch.ones(2, 3))
+    outs = [torch.cat([x, y], 1) for _ in range(3)]
+    assert aten.cat.default._op in _fast_ops()
+    for out in outs:
+        assert out.placements == (Replicate(),) and out.shape == (2, 6)
+        assert torch.equal(out.to_local(), torch.cat([x.to_local(), y.to_local()], 1))
+    ps = [dt(torch.zeros(2, 3), Shard(0)) for _ in range(3)]
+    gs = [dt(torch.ones(2, 3), Shard(0)) for _ in range(3)]
+    for _ in range(3):  # an optimizer-like update: in place, returns nothing
+        torch._foreach_add_(ps, gs, alpha=0.5)
+    assert aten._foreach_add_.List._op in _fast_ops()
+    assert all(torch.equal(p.to_local(), torch.full((2, 3), 1.5)) for p in ps)
+
+
+def test_results_an_output_mask_leaves_out_stay_none_on_every_call() -> None:
+    x, g = torch.randn(2, 4), torch.randn(2, 4)
+    mean, rstd = x.mean(1, keepdim=True), x.var(1, keepdim=True).add(1e-5).rsqrt()
+    op = aten.native_layer_norm_backward.default
+    want = op(g, x, [4], mean, rstd, None, None, [True, False, False])
+    for _ in range(3):  # the later calls take the fast path
+        got = op(dt(g), dt(x), [4], dt(mean), dt(rstd), None, None, [True, False, False])
+        assert len(got) == 3 and got[1] is None and got[2] is None, got
+        torch.testing.assert_close(got[0].to_local(), want[0])
+
+
+def test_forget_drops_the_records_and_plans_of_the_ops_named() -> None:
+    x = dt(torch.ones(2, 4), Shard(0))
+    x + x, x * x
+    forget(frozenset({aten.add.Tensor}))
+    assert aten.add.Tensor._op not in _fast_ops() and aten.mul.Tensor._op in _fast_ops()
+    from dtensor.dispatch.cache import OPS
+
+    assert aten.add.Tensor._op not in OPS and aten.mul.Tensor._op in OPS
+    forget()
+    assert not TABLE and not OPS
+
+
+def _fast_ops() -> set:
+    """The ops (handles) the call table holds plans with fast forms for."""
+    return {k[0] for k, plan in list(TABLE.items()) if plan.fast is not None}
+
+
+def _binding(func, loc, kwargs):
+    return record(func).binding(list(loc), kwargs)
 
 
 def _leaves(x):
@@ -304,10 +380,10 @@ def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:
     # Past 4096 elements the probe runs on 2x..x2 host tensors; arguments that
     # only fit the real shape (view sizes) send it to the meta probe instead.
     big = torch.ones(128, 64)
-    D._bindings.clear()
-    assert D._binding(aten.mul.Tensor, (big, big), {}) is torch._C._VariableFunctions.mul
-    assert D._binding(aten.view.default, (big, [64, 128]), {}) is torch._C.TensorBase.view
-    D._bindings.clear()
+    forget()
+    assert _binding(aten.mul.Tensor, (big, big), {}) is torch._C._VariableFunctions.mul
+    assert _binding(aten.view.default, (big, [64, 128]), {}) is torch._C.TensorBase.view
+    forget()
 
 
 # Rule registration ------------------------------------------------------------
@@ -331,7 +407,7 @@ def test_registering_a_rule_replaces_what_dispatch_cached_for_the_op() -> None:
     # Every replica holds 2x, so their average is 2x: Partial(avg) is exact.
     register_rule(op)(outputs((Partial("avg"),)))
     assert [op(x).placements for _ in range(3)] == [(Partial("avg"),)] * 3
-    assert any(k[0] is op._op for k in D._fast)  # now served by the fast path
+    assert op._op in _fast_ops()  # now served by the fast path
     register_rule(op)(outputs((Replicate(),)))
     assert [op(x).placements for _ in range(2)] == [(Replicate(),)] * 2
     # A packet's rule counts for its overloads, yet the overload's own comes first.

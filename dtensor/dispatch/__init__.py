@@ -1,10 +1,12 @@
 """``__torch_dispatch__`` for DTensor, split along its data flow.
 
-``fast``: one pass over the arguments, one lookup, the op on local tensors ->
+``fast``: one pass over the arguments builds the call key, one lookup in the
+call table (``cache``) -> a plan with a fast form runs at once; else
 ``general``: special ops, else one ``call.Call`` (the call flattened once) ->
-``propagate``: the op's rule (cached) gives a ``Plan``, with ``meta`` for the
-outputs' global metadata -> ``execute``: redistribute operands, run the op,
-write back, wrap the results once.
+``propagate``: the op's rule gives a ``Plan``, with ``meta`` for the outputs'
+global metadata -> ``execute``: redistribute operands, run the op, write
+back, wrap the results once. Every stage reads the op's one record
+(``op.OpInfo``); ``cache.forget`` is the one way anything is dropped.
 
 Dispatch sits below the DTensor class (the class calls it), so it never
 imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
@@ -12,14 +14,15 @@ imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
 
 from __future__ import annotations
 
-from dtensor.dispatch import call, execute, fast, general, random_ops
+from dtensor.dispatch import call, execute, fast, form, general, random_ops, wrap
+from dtensor.dispatch.cache import forget
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
 
-__all__ = ["dispatch", "implicit_replication", "serve"]
+__all__ = ["dispatch", "forget", "implicit_replication", "serve"]
 
 
 def serve(tensor_type: type) -> None:
     """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor)."""
-    for module in (call, execute, fast, general, random_ops):
+    for module in (call, execute, fast, form, general, random_ops, wrap):
         module.DTensor = tensor_type

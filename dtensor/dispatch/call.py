@@ -21,10 +21,10 @@ import torch
 from dtensor.errors import MeshError, ShardingError
 
 __all__ = [
-    "CACHE_LIMIT",
     "SCALAR_TYPES",
     "Call",
     "PlainKey",
+    "implicit",
     "implicit_replication",
     "tensor_leaves",
 ]
@@ -34,10 +34,10 @@ DTensor: Any = None
 
 _state = threading.local()
 
-CACHE_LIMIT = 1 << 16  # entries per dispatch cache; cleared when full (new shapes forever)
-# Keyed by type alone: no rule and no result's metadata depends on the value
-# of a float or complex scalar (type promotion looks at types only), so
-# ``p.add_(g, alpha=-lr)`` with a new ``lr`` every step shares cached results.
+# Keyed by type alone (dtensor.dispatch.cache): no rule and no result's
+# metadata depends on the value of a float or complex scalar (type promotion
+# looks at types only), so ``p.add_(g, alpha=-lr)`` with a new ``lr`` every
+# step shares cached results.
 SCALAR_TYPES = frozenset({float, complex})
 
 
@@ -55,6 +55,11 @@ def implicit_replication():
         yield
     finally:
         _state.implicit = old
+
+
+def implicit() -> bool:
+    """Whether plain tensors of any size count as replicated operands now."""
+    return getattr(_state, "implicit", False)
 
 
 @dataclass(frozen=True, slots=True)

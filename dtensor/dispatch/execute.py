@@ -13,56 +13,22 @@ import torch
 
 from dtensor.dispatch.call import Call, tensor_leaves
 from dtensor.dispatch.meta import meta_tensor
+from dtensor.dispatch.op import OpInfo
 from dtensor.dispatch.propagate import Plan
+from dtensor.dispatch.wrap import rewrap, wrap
 from dtensor.mesh import device_of, mesh_max
 from dtensor.placement import replicated
 from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta
 
-__all__ = ["is_inplace", "rewrap", "run", "wrap"]
+__all__ = ["run"]
 
 # The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
 DTensor: Any = None
-_mk = torch.Tensor._make_wrapper_subclass
 
 
-def wrap(local: torch.Tensor, spec: DTensorSpec):
-    """``DTensor(local, spec)`` without the keyword parsing."""
-    meta = spec.tensor_meta
-    r = _mk(
-        DTensor, meta.shape, meta.stride, None, None, meta.dtype,
-        local.layout, local.device, False, False,
-    )
-    r._local_tensor = local
-    r._spec = spec
-    return r
-
-
-def rewrap(out, one, *, keep: bool = True):
-    """``out`` (a tensor, or nested lists/tuples of them) with each tensor ``t``
-    replaced by ``one(t)``; anything else is kept (``keep=False``: None)."""
-    if isinstance(out, torch.Tensor):
-        return one(out)
-    if isinstance(out, (list, tuple)):
-        return type(out)(rewrap(x, one, keep=keep) for x in out)
-    return out if keep else None
-
-
-_inplace: dict = {}
-
-
-def is_inplace(func) -> bool:
-    """``func`` writes its first argument (``add_``, ``copy_``)."""
-    inplace = _inplace.get(func)
-    if inplace is None:
-        schema = func._schema
-        first = schema.arguments[0].alias_info if schema.arguments else None
-        inplace = _inplace[func] = first is not None and first.is_write
-    return inplace
-
-
-def run(call: Call, plan: Plan):
-    """The op's result on DTensors, following ``plan``."""
+def run(call: Call, plan: Plan, info: OpInfo):
+    """The op's result on DTensors, following ``plan`` (``info``: the op's record)."""
     # NOTE: plain loops, no closures on the common paths: this runs on every
     # call that misses the fast path.
     mesh = None
@@ -99,7 +65,7 @@ def run(call: Call, plan: Plan):
 
     # In-place ops return their (DTensor) self: hand it back, not a copy.
     args = call.args
-    self = args[0] if args and type(args[0]) is DTensor and is_inplace(func) else None
+    self = args[0] if args and type(args[0]) is DTensor and info.inplace else None
     if plan.fallback:
         return rewrap(out, _Replicated(mesh, self, written))
     if not plan.out_specs:

@@ -1,63 +1,65 @@
 """The general path of dispatch: special ops, then flatten → plan → execute.
 
-``general(func, args, kwargs)`` handles every call the fast path cannot:
-random ops (``dtensor.dispatch.random_ops``), spec-aliasing metadata ops (detach,
-alias), in-place views, and everything else through one ``Call``, its cached
-``Plan`` and ``execute.run``. It returns the result and the plan, so that the
-fast path can decide whether later calls of this schema may skip all this.
+``general(func, args, kwargs, key)`` answers every call whose key has no
+plan yet (or that cannot be keyed: ``key`` None): random ops
+(``dtensor.dispatch.random_ops``), spec-aliasing metadata ops (detach,
+alias), in-place views, and everything else through one ``Call``, a new
+``Plan`` and ``execute.run``. The plan, with its fast form where it has one,
+goes into the call table, so the next call with this key skips all this.
+``planned`` runs a call whose plan is known but has no fast form.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from dtensor.dispatch import random_ops
+from dtensor.dispatch.cache import TABLE, record, remember
 from dtensor.dispatch.call import Call
-from dtensor.dispatch.execute import run, wrap
-from dtensor.dispatch.propagate import Plan, plan_for
+from dtensor.dispatch.execute import run
+from dtensor.dispatch.form import fast_form
+from dtensor.dispatch.op import ALIAS, INPLACE_VIEW
+from dtensor.dispatch.propagate import Plan, propagate
+from dtensor.dispatch.wrap import wrap
 from dtensor.errors import UnsupportedOpError
 
-__all__ = ["ALIAS", "general"]
+__all__ = ["general", "planned"]
 
 aten = torch.ops.aten
 
 # The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
 DTensor: Any = None
 
-# The plan of detach/alias: the output is the input's spec object, no propagation.
-ALIAS = Plan((), ())
-_SPEC_ALIASING = {aten.detach.default, aten.alias.default}
 
-# In-place view ops (composites such as matmul of a 1-D operand use them):
-# run the out-of-place view, then give self its block, spec and shape.
-_INPLACE_VIEWS = {
-    aten.squeeze_.dim: aten.squeeze.dim,
-    aten.squeeze_.dims: aten.squeeze.dims,
-    aten.squeeze_.default: aten.squeeze.default,
-    aten.unsqueeze_.default: aten.unsqueeze.default,
-    aten.transpose_.default: aten.transpose.int,
-    aten.t_.default: aten.t.default,
-}
-
-_special: dict = {}  # func._op -> its handler off the propagation path, or None
-
-
-def general(func, args: tuple, kwargs: dict):
-    """``(result, plan)``: plan None where the call has no cacheable plan."""
-    op = func._op  # hashes in C; an OpOverload hashes in Python
-    special = _special.get(op, False)
-    if special is False:
-        special = _special[op] = _special_handler(func)
+def general(func, args: tuple, kwargs: dict, key):
+    """The result of ``func`` on DTensor operands; remembers its plan under ``key``."""
+    info = record(func)
+    special = info.special
     if special is not None:
-        if special is _alias_of_self:
-            return _alias_of_self(func, args, kwargs), ALIAS
-        return special(func, args, kwargs), None
+        if special == ALIAS:
+            return _alias_of_self(info, args, kwargs, key)
+        if special == INPLACE_VIEW:
+            return _inplace_view(info, args, kwargs, key)
+        return special(func, args, kwargs)  # a random op: never cached
     call = Call(func, args, kwargs)
-    plan = plan_for(call)
-    result = run(call, plan)
+    plan = propagate(call, info)
+    if key is not None:
+        form = fast_form(plan, info, args, kwargs)
+        if form is not None:
+            plan = dataclasses.replace(plan, fast=form)
+        remember(key, plan)
+    return _same_spec(run(call, plan, info), args)
+
+
+def planned(func, args: tuple, kwargs: dict, plan: Plan):
+    """The result of ``func`` following a known ``plan``."""
+    return _same_spec(run(Call(func, args, kwargs), plan, record(func)), args)
+
+
+def _same_spec(result, args):
     if (
         type(result) is DTensor
         and args
@@ -66,31 +68,29 @@ def general(func, args: tuple, kwargs: dict):
         and result._spec == args[0]._spec
     ):
         result._spec = args[0]._spec  # same-layout views keep the spec object
-    return result, plan
+    return result
 
 
-def _special_handler(func):
-    handler = random_ops.HANDLERS.get(func)
-    if handler is not None:
-        return handler
-    if func in _SPEC_ALIASING:
-        return _alias_of_self
-    if func in _INPLACE_VIEWS:
-        return _inplace_view
-    return None
-
-
-def _alias_of_self(func, args, kwargs):
+def _alias_of_self(info, args, kwargs, key):
     """Metadata-only ops: the output is the input's spec, by identity."""
     x = args[0]
-    return wrap(func(x._local_tensor), x._spec)
+    out = wrap(info.func(x._local_tensor), x._spec)
+    form = None if key is None else fast_form(None, info, args, kwargs, out_specs=(x._spec,))
+    if form is not None:  # outsiders too hand over their own (empty) block: no plan
+        remember(key, Plan((None,), (x._spec,), fast=form))
+    return out
 
 
-def _inplace_view(func, args, kwargs):
+def _inplace_view(info, args, kwargs, key):
+    """Run the out-of-place twin, then give self its block, spec and shape."""
     self = args[0]
     if not isinstance(self, DTensor):
-        raise UnsupportedOpError(f"{func}: self must be a DTensor")
-    out, _ = general(_INPLACE_VIEWS[func], args, kwargs)
+        raise UnsupportedOpError(f"{info.func}: self must be a DTensor")
+    twin = info.twin
+    # The twin takes the same arguments: its key is this call's, op swapped.
+    tkey = None if key is None else (twin._op, *key[1:])
+    plan = None if tkey is None else TABLE.get(tkey)
+    out = general(twin, args, kwargs, tkey) if plan is None else planned(twin, args, kwargs, plan)
     self._local_tensor = out._local_tensor
     self._spec = out._spec
     with no_dispatch():

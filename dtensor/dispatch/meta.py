@@ -17,54 +17,22 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.dispatch.call import (
-    CACHE_LIMIT,
-    SCALAR_TYPES,
-    Call,
-    PlainKey,
-    tensor_leaves,
-)
+from dtensor.dispatch.cache import record
+from dtensor.dispatch.call import SCALAR_TYPES, Call, PlainKey, tensor_leaves
+from dtensor.dispatch.op import SELF
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
-__all__ = [
-    "host_probe_ok",
-    "infer_meta",
-    "inplace_metas",
-    "is_functional",
-    "returns_list",
-    "shape_metas",
-]
-
-_probes: dict = {}
-_functional: dict = {}
-_host_ok: dict = {}
-_inplace: dict = {}
-
-
-def is_functional(func) -> bool:
-    """No argument or result of ``func`` aliases or writes another."""
-    ok = _functional.get(func)
-    if ok is None:
-        schema = func._schema
-        ok = _functional[func] = not any(
-            a.alias_info is not None for a in (*schema.arguments, *schema.returns)
-        )
-    return ok
+__all__ = ["host_probe_ok", "infer_meta", "inplace_metas", "meta_tensor", "shape_metas"]
 
 
 def host_probe_ok(func) -> bool:
     """Whether ``func`` may run on tiny CPU tensors to learn its result types.
 
     Only ATen ops that draw no random numbers (a probe must not advance a
-    generator) and only outside tracing (under a fake or proxy mode every
-    tensor made here would belong to the trace).
+    generator; the op's record says) and only outside tracing (under a fake
+    or proxy mode every tensor made here would belong to the trace).
     """
-    ok = _host_ok.get(func)
-    if ok is None:
-        ok = _host_ok[func] = (
-            func.namespace == "aten" and torch.Tag.nondeterministic_seeded not in func.tags
-        )
-    return ok and not torch._C._len_torch_dispatch_stack()
+    return record(func).host_probe and not torch._C._len_torch_dispatch_stack()
 
 
 def inplace_metas(call: Call, specs) -> tuple[TensorMeta] | None:
@@ -73,29 +41,9 @@ def inplace_metas(call: Call, specs) -> tuple[TensorMeta] | None:
     Ops that change ``self``'s shape or strides in place never get here
     (dispatch refuses them), so the result's global metadata is ``self``'s.
     """
-    func = call.func
-    ok = _inplace.get(func)
-    if ok is None:
-        schema = func._schema
-        args, rets = schema.arguments, schema.returns
-        ok = _inplace[func] = bool(
-            args
-            and len(rets) == 1
-            and args[0].alias_info is not None
-            and args[0].alias_info.is_write
-            and rets[0].alias_info is not None
-            and rets[0].alias_info.before_set == args[0].alias_info.before_set
-            and isinstance(args[0].type, torch.TensorType)
-        )
-    if not ok or not specs:
+    if record(call.func).returns != SELF or not specs:
         return None
     return (specs[0].tensor_meta,)
-
-
-def returns_list(func) -> bool:
-    """``func`` returns one ``Tensor[]`` (split, unbind: one placement for all)."""
-    rets = func._schema.returns
-    return len(rets) == 1 and isinstance(rets[0].type, torch.ListType)
 
 
 def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
@@ -103,12 +51,12 @@ def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
 
     Applies when the op is functional and every operand is contiguous and
     non-empty: then outputs are contiguous (checked once on the probe). Dtypes
-    come from the op run once on small meta tensors (every dim 2), cached per
-    signature: (op, operand dtypes and ranks, other arguments with types).
+    come from the op run once on small tensors (every dim 2), kept in the op's
+    record per signature (operand dtypes and ranks, other arguments with types).
     ``specs``: the operands' specs (plain operands as replicated).
     """
-    func = call.func
-    if not is_functional(func):
+    info = record(call.func)
+    if not info.functional:
         return None
     for s in specs:
         if 0 in s.shape or s.stride != contiguous_stride(s.shape):
@@ -118,18 +66,15 @@ def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
             return None
     try:
         pkey = (
-            func,
             tuple(map(_probe_sig, call.key_args)),
             tuple((k, _probe_sig(v)) for k, v in call.key_kwargs),
         )
-        dtypes = _probes.get(pkey, False)
+        dtypes = info.dtypes.get(pkey, False)
     except TypeError:  # unhashable values
         return None
     if dtypes is False:
-        dtypes = _probe(call, specs, shapes)
-        if len(_probes) >= CACHE_LIMIT:
-            _probes.clear()
-        _probes[pkey] = dtypes
+        # Kept in the op's record: one entry per dtype signature, not per shape.
+        dtypes = info.dtypes[pkey] = _probe(call, specs, shapes)
     if dtypes is None:
         return None
     return tuple(

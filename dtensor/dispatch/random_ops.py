@@ -27,7 +27,7 @@ import torch
 from dtensor import _compile, _seeding
 from dtensor import _random_blocks as blocks
 from dtensor import random as rng
-from dtensor.dispatch.execute import wrap
+from dtensor.dispatch.wrap import wrap
 from dtensor.errors import ShardingError
 from dtensor.placement import Partial, Replicate, partial_to_replicate
 from dtensor.redistribute import empty_local, redistribute_local

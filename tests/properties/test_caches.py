@@ -1,5 +1,5 @@
-"""Covers: dtensor/dispatch/fast.py and dtensor/dispatch/propagate.py (the
-fast-path and propagation caches), through the public ops.
+"""Covers: dtensor/dispatch/cache.py and dtensor/dispatch/fast.py (the call
+table, its keys and the plans' fast forms), through the public ops.
 
 Property: within one example the same op is called four times — on one
 layout with two keyword variants that differ only in a value (``keepdim=``,

@@ -1,0 +1,66 @@
+"""What dispatch remembers, in one place: the op records and the call table.
+
+``OPS``: one ``OpInfo`` per op overload (``dtensor.dispatch.op``), keyed by
+the overload's C handle (``func._op`` hashes in C; an ``OpOverload`` hashes
+in Python). ``TABLE``: one ``Plan`` per call key. A call key is built in one
+pass over the arguments by ``dtensor.dispatch.fast`` and nowhere else: the op
+handle, then each argument in order: a DTensor as its spec, a plain operand
+as ``(PLAIN, shape, dtype, device)``, an int or None as itself, a float or
+complex as its type alone (no rule or result type depends on its value), a
+list or tuple as the tuple of its items' keys, any other value as
+``(type, value)`` (2, 2.0 and True hash alike but promote differently);
+then each keyword and its value's key.
+
+Nothing here is per rank or per world: a spec's mesh carries its rank and
+world in its identity, so a plan, and the fast form it carries, is a function
+of its key, and ranks that share a process (threads of a simulated world)
+share the table safely. A gone world's plans are never served again; they
+stay until the table fills.
+
+``forget`` is the one way anything is dropped: ``register_rule`` calls it
+for the ops it changes (through ``sharding.on_register``); with no argument
+it drops everything (``dtensor.dispatch.forget()``).
+"""
+
+from __future__ import annotations
+
+from dtensor.dispatch.op import OpInfo, describe
+from dtensor.sharding import on_register
+
+__all__ = ["CACHE_LIMIT", "OPS", "PLAIN", "TABLE", "forget", "record", "remember"]
+
+CACHE_LIMIT = 1 << 16  # calls in TABLE; cleared when full (new shapes forever)
+PLAIN = object()  # key marker: a plain tensor operand follows as shape, dtype, device
+OPS: dict = {}
+TABLE: dict = {}
+
+
+def record(func) -> OpInfo:
+    """The record of op overload ``func``."""
+    info = OPS.get(func._op)
+    if info is None:
+        info = OPS[func._op] = describe(func)
+    return info
+
+
+def remember(key, plan) -> None:
+    """Keep ``plan`` for calls with ``key``."""
+    if len(TABLE) >= CACHE_LIMIT:
+        TABLE.clear()
+    TABLE[key] = plan
+
+
+def forget(ops: frozenset | None = None) -> None:
+    """Drop the records and plans of ``ops`` (overloads), or of every op."""
+    if ops is None:
+        OPS.clear()
+        TABLE.clear()
+        return
+    handles = {op._op for op in ops}
+    for h in handles:
+        OPS.pop(h, None)
+    for key in [k for k in list(TABLE) if k[0] in handles]:
+        TABLE.pop(key, None)
+
+
+on_register(forget)

@@ -1,0 +1,103 @@
+"""The fast form of a plan: how a later call with the same key runs without
+taking the call apart, propagating or redistributing.
+
+A fast form is ``(kind, op, spec, shape, stride, dtype, extra)``; ``op`` is
+the quickest callable for the overload (``OpInfo.binding``). Kinds: ONE wraps
+one result with ``spec`` (None: the first operand's spec object, handed
+over as is), SELF hands back the in-place operand, MANY wraps each tensor of
+a tuple or list with ``spec`` (a tuple of specs; ``extra``: the container
+type), LOCAL runs the rule's ``local`` function (``extra``: the function,
+the index of the first DTensor argument, the output specs), NONE runs an
+op that returns nothing (in-place foreach ops: an optimizer step).
+
+Only plans that move nothing get one: no redistribution, no write-back, no
+fallback, on a rank of the op's mesh. Which plans qualify, and the form
+itself, follow from the plan, the op's record and the call's key alone, so
+the form is as rank-independent as the key (see ``dtensor.dispatch.cache``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtensor.dispatch.op import LIST, NONE, ONE, SELF, TUPLE, OpInfo
+
+__all__ = ["FAST_LOCAL", "FAST_MANY", "FAST_NONE", "FAST_ONE", "FAST_SELF", "fast_form"]
+
+FAST_ONE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE = range(5)
+
+# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+DTensor: Any = None
+
+
+def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, out_specs=None):
+    """The fast form for calls like this one, or None.
+
+    ``out_specs``: the output specs of a call answered off the propagation
+    path (detach, alias), whose plan is implied.
+    """
+    if out_specs is None:
+        if (
+            plan.fallback
+            or plan.write_back
+            or plan.scalar_reduce is not None
+            or any(t is not None for t in plan.targets)
+        ):
+            return None
+        out_specs = plan.out_specs
+        if not out_specs and (info.returns != NONE or plan.local is not None):
+            return None
+    first = next((i for i, a in enumerate(args) if type(a) is DTensor), None)
+    mesh = _first_mesh(args)
+    if mesh is None or mesh.get_coordinate() is None:
+        return None
+    for v in kwargs.values():  # the hot path passes kwargs on untouched
+        if type(v) is DTensor or (
+            type(v) in (list, tuple) and any(type(x) is DTensor for x in v)
+        ):
+            return None
+    returns = info.returns
+    # Same spec as the first operand: later hits hand over *their* operand's
+    # spec object (equal in value, since it is part of the key).
+    same = first == 0 and len(out_specs) == 1 and out_specs[0] == args[0]._spec
+    # NOTE: a tuple result may hold None where an output mask in the
+    # arguments (part of the key) leaves a result out: no spec, no fast form.
+    many = not info.inplace and (
+        returns == LIST
+        or (returns == TUPLE and len(out_specs) == len(info.func._schema.returns))
+    )
+    if plan is not None and plan.local is not None:
+        if first is None or not (returns == ONE or many):
+            return None
+        spec = None if same else out_specs[0] if returns == ONE else None
+        return (FAST_LOCAL, None, spec, None, None, None, (plan.local, first, out_specs))
+    loc = [a._local_tensor if type(a) is DTensor else a for a in args]
+    loc = [_locals(a) if type(a) in (list, tuple) else a for a in loc]
+    op = info.binding(loc, kwargs)
+    if returns == NONE:
+        return (FAST_NONE, op, None, None, None, None, None)
+    if returns == SELF:
+        return (FAST_SELF, op, None, None, None, None, None) if first == 0 else None
+    if returns == ONE:
+        meta = out_specs[0].tensor_meta
+        spec = None if same else out_specs[0]
+        return (FAST_ONE, op, spec, meta.shape, meta.stride, meta.dtype, None)
+    if many:
+        return (FAST_MANY, op, out_specs, None, None, None, list if returns == LIST else tuple)
+    return None
+
+
+def _locals(seq):
+    return type(seq)(x._local_tensor if type(x) is DTensor else x for x in seq)
+
+
+def _first_mesh(args):
+    """The mesh of the first DTensor argument (in a list or tuple too), or None."""
+    for a in args:
+        if type(a) is DTensor:
+            return a._spec.mesh
+        if type(a) in (list, tuple):
+            for x in a:
+                if type(x) is DTensor:
+                    return x._spec.mesh
+    return None
