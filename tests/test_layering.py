@@ -1,12 +1,16 @@
-"""Covers: package layering. The runtime never imports the test service or
+"""Covers: package layering. ``LAYERS`` is the layer table of ``dtensor/``
+(docs/architecture.md shows the same table; a test compares them): every
+runtime module sits in exactly one layer and imports only from its own layer
+or the ones below. The runtime never imports the test service or
 ``dtensor.testing``, only ``dtensor/_comm.py`` calls collectives, and neither
 ``dtensor/`` nor ``launch/`` has an import cycle (imports inside functions
-count: a lazy import that closes a loop is still a loop)."""
+count: a lazy import that closes a loop, or runs up, is still one)."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -147,3 +151,98 @@ def test_find_cycle_names_the_loop() -> None:
 def test_no_import_cycles(package: str) -> None:
     cycle = find_cycle(import_graph(package))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The layer table ----------------------------------------------------------------
+# Bottom to top; paths relative to dtensor/ ("pkg/": the package and all in it).
+# A new module goes into the layer of what it serves; then add it to the table
+# in docs/architecture.md too.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("values", ("errors.py", "placement.py")),
+    ("layout math", (
+        "spec.py", "_philox.py", "_random_blocks.py", "random.py", "_plan_cost.py",
+        "_persist.py",
+    )),
+    ("comm", (
+        "_comm.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",
+        "_compile.py", "_local_check.py",
+    )),
+    ("redistribute", ("redistribute.py",)),
+    ("sharding", ("sharding.py", "rules/")),
+    ("dispatch", ("dispatch/",)),
+    ("tensor", (
+        "tensor.py", "distribute.py", "factories.py", "interop.py", "experimental.py",
+        "checkpoint.py", "debug.py", "module.py",
+    )),
+    ("parallel", ("parallel/",)),
+    ("package", ("__init__.py",)),
+    ("testing", ("testing/",)),
+)
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index in ``layers`` of a module of ``dtensor`` (None: in no layer)."""
+    parts = module.split(".")[1:]
+    path = "/".join(parts) + ".py" if parts else "__init__.py"
+    for i, (_, entries) in enumerate(layers):
+        for e in entries:
+            if path == e or (e.endswith("/") and parts and parts[0] + "/" == e):
+                return i
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Each import that runs from a lower layer up to a higher one, as text."""
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            la, lb = layer_of(a, layers), layer_of(b, layers)
+            if la is not None and lb is not None and lb > la:
+                out.append(f"{a} ({layers[la][0]}) imports {b} ({layers[lb][0]})")
+    return out
+
+
+def test_upward_imports_are_found() -> None:
+    layers = (("low", ("a.py",)), ("high", ("b.py", "pkg/")))
+    graph = {"dtensor.a": {"dtensor.pkg.x"}, "dtensor.b": {"dtensor.a"}, "dtensor.pkg.x": set()}
+    assert upward_imports(graph, layers) == [
+        "dtensor.a (low) imports dtensor.pkg.x (high)"
+    ]
+
+
+def test_every_module_has_one_layer_and_every_entry_a_module() -> None:
+    graph = import_graph("dtensor")
+    missing = sorted(m for m in graph if layer_of(m) is None)
+    assert not missing, f"modules in no layer of LAYERS (add them): {missing}"
+    entries = [e for _, es in LAYERS for e in es]
+    assert len(entries) == len(set(entries)), "an entry stands in two layers"
+    gone = [e for e in entries if not (ROOT / "dtensor" / e).exists()]
+    assert not gone, f"LAYERS names files that do not exist: {gone}"
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    up = upward_imports(import_graph("dtensor"))
+    assert not up, "imports that run up the layers:\n" + "\n".join(up)
+
+
+def _doc_layers() -> list[tuple[str, tuple[str, ...]]]:
+    """The layer table of docs/architecture.md: (layer, files column's entries)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
+            continue
+        rows.append((cells[0], tuple(re.findall(r"`([^`]+)`", cells[1]))))
+    return rows
+
+
+def test_the_documented_layer_table_is_this_one() -> None:
+    doc = _doc_layers()
+    want = [(name, tuple(sorted(es))) for name, es in LAYERS]
+    got = [(name, tuple(sorted(es))) for name, es in doc]
+    assert got == want, (
+        "docs/architecture.md's layer table differs from tests/test_layering.py's "
+        f"LAYERS:\n doc:   {got}\n LAYERS: {want}"
+    )
