@@ -200,10 +200,16 @@ class _Run:
         """Hypothesis' Random for this run, the same on every rank."""
         from random import Random
 
+        from hypothesis import core
+
         wt = self.wrapped_test
         if getattr(wt, "_hypothesis_internal_use_seed", None) is not None \
                 or self.current.derandomize:
             return random  # from @seed or the test's source digest: equal everywhere
+        forced = getattr(core, "global_force_seed", None)
+        if forced is not None:  # --hypothesis-seed, given to every rank alike
+            self.seed = forced
+            return random
         if self.rank == 0:
             self.store.set("seed", str(random.getrandbits(64)))
         self.store.wait(["seed"], self.timeout)
