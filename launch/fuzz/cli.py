@@ -193,9 +193,18 @@ def _world_failure(state: Session, run_dir: Path, k: int, why: str, rc: int,
     message = why or f"the world exited with code {rc} during the slice"
     if dead:
         message += " | " + " | ".join(dead)
+    # NOTE: an example that never finished has no complete choice sequence, so
+    # it is not in the database: the replay reruns the property from the start.
+    replay = (replay_line(cur.get("nodeid", "?"), state.nproc, db, _env_words())
+              + "  # the example above is not in the database (it never finished)")
     return Failure(cur.get("nodeid", "?"), kind, kind, "world", message[:600],
-                   example[-2000:], replay_line(cur.get("nodeid", "?"), state.nproc, db, ""),
-                   round(state.total, 1))
+                   example[-2000:], replay, round(state.total, 1))
+
+
+def _env_words() -> str:
+    """Environment that changes what the properties test (a planted mutant)."""
+    return " ".join(f"{k}={os.environ[k]}" for k in ("DTENSOR_MUTANT", "DTENSOR_TEST_IMPL")
+                    if os.environ.get(k))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -58,7 +58,7 @@ def headline(state: Session, now: float) -> str:
     arcs, lines = state.coverage()
     total = sum(p["examples"] for p in state.props)
     live = sum(1 for p in state.props if p["slices"])
-    restarts = max(0, len(state.worlds) - 1) if state.worlds else 0
+    restarts = len(state.worlds)  # every world that ended was followed by this one
     return (f"fuzz: {state.elapsed:.0f}s / {state.budget_s:.0f}s  |  {live}/{len(state.props)} "
             f"properties run, {total} examples  |  runtime coverage {lines} lines, {arcs} arcs"
             f"  |  {len(state.failures)} failures  |  {restarts} world restarts")

@@ -200,8 +200,9 @@ class FuzzLoop:
         arcs, lines = st.coverage()
         total_ex = sum(q.examples for q in self.sched.props.values())
         st.timeline.append([round(st.elapsed_before + now, 1), arcs, lines, total_ex])
-        st.prop_timeline.setdefault(item.nodeid, []).append(
-            [round(st.elapsed_before + now, 1), st.prop_arcs[item.nodeid]])
+        if p.examples:
+            st.prop_timeline.setdefault(item.nodeid, []).append(
+                [round(st.elapsed_before + now, 1), st.prop_arcs[item.nodeid]])
         st.elapsed = now
         st.current = {}
         self._save()
