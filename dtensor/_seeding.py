@@ -60,10 +60,13 @@ class _WorldRecord:
 _worlds: dict[int, tuple[object, _WorldRecord]] = {}
 
 
+_c10d_world = dist.distributed_c10d._world
+
+
 def _world() -> _WorldRecord | None:
-    if not _comm.is_initialized():
+    pg = _c10d_world.default_pg if dist.is_available() else None
+    if pg is None:
         return None
-    pg = dist.distributed_c10d._world.default_pg
     entry = _worlds.get(id(pg))
     if entry is None or entry[0] is not pg:
         entry = _worlds[id(pg)] = (pg, _WorldRecord())
@@ -79,15 +82,17 @@ def take(mesh=None, what: str = "random op") -> tuple[int, int]:
     theirs once (``SeedMismatchError`` on every member if they differ).
     """
     g = rng.seeding()
-    if g.source == "default" or g.source == "torch":
+    source = g.source
+    if source == "default" or source == "torch":
         w = _world()
         if w is not None:
-            if g.source == "default":
+            if source == "default":
                 _agree_default(g, w)
             elif mesh is not None and w.checked.get(mesh) != g.epoch:
                 _check(g, w, mesh, what)
-    seed = g.state.seed
-    return seed, rng.next_offset()
+    st = g.state
+    g.state = rng.RNGState(st.seed, st.offset + 1)  # next_offset(), inlined
+    return st.seed, st.offset
 
 
 def _agree_default(g, w: _WorldRecord) -> None:
