@@ -108,24 +108,26 @@ def test_partial_op_the_dtype_cannot_reduce_is_refused_on_every_rank(world, op, 
 
 
 @W4
-def test_partial_axes_with_different_ops_reduce_in_axis_order(world) -> None:
-    # [P(sum), P(product)] on a 2x2 mesh: axis 0 (sum) reduces first, so the
-    # value is prod_j sum_i x[i, j]. Reducing only axis 1 would compute
-    # sum_i prod_j x[i, j] instead; the plan reduces axis 0 too and makes it
-    # partial again.
+@pytest.mark.parametrize("op", ["product", "max"])
+def test_partial_axes_with_different_ops_reduce_in_axis_order(world, op) -> None:
+    # [P(sum), P(op)] on a 2x2 mesh: axis 0 (sum) reduces first, so the value
+    # is op_j sum_i x[i, j]. Reducing only axis 1 would compute
+    # sum_i op_j x[i, j] instead (5 rather than 25 for product, 9 rather than
+    # 5 for max); the plan reduces axis 0 too and makes it partial again.
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     i, j = mesh.get_coordinate()
-    pieces = torch.tensor([[1.0, 2.0], [3.0, 4.0]])  # x[i, j] for a 1-element tensor
-    x = DTensor.from_local(pieces[i, j].reshape(1), mesh, [Partial("sum"), Partial("product")])
-    value = (pieces.sum(0)).prod().reshape(1)  # (1+3) * (2+4) = 24
+    pieces = torch.tensor([[1.0, 5.0], [4.0, 0.0]])  # x[i, j] for a 1-element tensor
+    x = DTensor.from_local(pieces[i, j].reshape(1), mesh, [Partial("sum"), Partial(op)])
+    col = pieces.sum(0)
+    value = (col.prod() if op == "product" else col.max()).reshape(1)
     assert torch.equal(x.full_tensor(), value)
     y = x.redistribute(mesh, [Partial("sum"), Replicate()])
     assert y.placements == (Partial("sum"), Replicate())
     assert torch.equal(y.full_tensor(), value)
-    # Replicate -> Partial(product) under an existing partial sum: the pieces
-    # at j = 1 must still sum to the product's identity.
+    # Replicate -> Partial(op) under an existing partial sum: the pieces at
+    # j = 1 must still sum to the identity of op (or repeat the value, max).
     z = DTensor.from_local(pieces[i, 0].reshape(1), mesh, [Partial("sum"), Replicate()])
-    zp = z.redistribute(mesh, [Partial("sum"), Partial("product")])
+    zp = z.redistribute(mesh, [Partial("sum"), Partial(op)])
     assert torch.equal(zp.full_tensor(), pieces[:, 0].sum().reshape(1))
 
 
