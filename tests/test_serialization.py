@@ -99,3 +99,36 @@ def test_pickle_round_trip_keeps_the_mesh(world) -> None:
     mesh = DeviceMesh("cpu", [1, 0])
     x = distribute_tensor(torch.arange(6.0), mesh, [Shard(0)])
     _same(x, pickle.loads(pickle.dumps(x)))
+
+
+def test_weights_only_load_in_a_fresh_process_needs_import_dtensor(tmp_path) -> None:
+    # As with PyTorch's DTensor (which needs `import torch.distributed.tensor`),
+    # a weights_only load needs our package imported first: importing it
+    # allowlists the one rebuild function; nothing else is ever allowlisted.
+    import subprocess
+    import sys
+
+    mesh = DeviceMesh("cpu", [0])
+    path = tmp_path / "x.pt"
+    x = distribute_tensor(torch.arange(6.0).reshape(2, 3), mesh, [Shard(0)])
+    torch.save({"x": x}, path)  # under torchrun, ranks other than 0 save an empty block
+    script = (
+        "import sys, torch\n"
+        f"path = {str(path)!r}\n"
+        "try:\n"
+        "    torch.load(path, weights_only=True)\n"
+        "    print('loaded without import')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, 'dtensor.tensor.rebuild_dtensor' in str(e))\n"
+        "assert 'dtensor' not in sys.modules\n"
+        "import dtensor\n"
+        "x = torch.load(path, weights_only=True)['x']\n"
+        "print(type(x).__name__, x.placements, x.to_local().tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == [
+        "UnpicklingError True",
+        f"DTensor (Shard(dim=0),) {x.to_local().tolist()}",
+    ]
