@@ -452,6 +452,8 @@ MAIN_JOB = ("tests/properties", 4, "ci")
 
 #: ``--lock PATH``: each pytest run waits for ``flock PATH`` (a shared machine).
 LOCK: list[str] = []
+#: ``--log-dir DIR``: each mutant's whole output goes to ``DIR/<name>.log``.
+LOG_DIR: list[str] = []
 
 
 def _pytest(target: str, nproc: int, profile: str, mutant: str | None,
@@ -485,6 +487,8 @@ def run(name: str, nproc: int, target: str | None, profile: str,
     elif target not in baseline:
         baseline[target] = _pytest(target, nproc, profile, None)[0]
     failed, dt, out = _pytest(target, nproc, profile, name, first_failure=True)
+    if LOG_DIR:
+        Path(LOG_DIR[0], f"{name}.log").write_text(out)
     new = sorted(failed - baseline[target])
     return bool(new), dt, _excerpt(out, new)
 
@@ -517,9 +521,13 @@ def main() -> int:
     ap.add_argument("--lock", default=None, help="flock this file around each pytest run")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the unmutated run (when it is known to pass)")
+    ap.add_argument("--log-dir", default=None, help="keep each mutant's output here")
     args = ap.parse_args()
     if args.lock:
         LOCK[:] = ["flock", args.lock]
+    if args.log_dir:
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        LOG_DIR[:] = [args.log_dir]
     names = args.names or [n for n in MUTANTS if n not in FUZZ_ONLY]
     main_target, main_nproc, main_profile = MAIN_JOB
     nproc = args.nproc or main_nproc
