@@ -11,7 +11,6 @@ goes into the call table, so the next call with this key skips all this.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -49,7 +48,9 @@ def general(func, args: tuple, kwargs: dict, key):
     if key is not None:
         form = fast_form(plan, info, args, kwargs)
         if form is not None:
-            plan = dataclasses.replace(plan, fast=form)
+            # The plan is new and not yet shared: give it its fast form in
+            # place (dataclasses.replace costs ~1.3 µs per first-seen call).
+            object.__setattr__(plan, "fast", form)
         remember(key, plan)
     return _same_spec(run(call, plan, info), args)
 
