@@ -2,9 +2,10 @@
 
 ``dtensor.mesh`` holds the mesh itself (geometry, groups, identity); this
 module holds the ways of making one from something else: a shape over the
-world, existing process groups, or axes of another mesh merged into one.
-``DeviceMesh._flatten``/``flatten``/``from_group`` call in here, and
-``dtensor.mesh`` re-exports ``init_device_mesh``.
+world, existing process groups, axes of another mesh merged into one, a
+pickle or a name in compiled code, and the checks of a mesh's arguments.
+It sits below ``dtensor.mesh`` (which calls in here), so it never imports
+it: builders take the mesh class (``cls``) or use ``type(mesh)``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from dtensor import _comm
 from dtensor.errors import MeshAxisError, MeshError
-from dtensor.mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from dtensor.mesh import DeviceMesh
 
 __all__ = [
     "check_device_type",
@@ -46,24 +50,13 @@ def _ensure_world(device_type: str) -> None:
 
 
 def init_device_mesh(
+    cls,
     device_type: str,
     mesh_shape: Sequence[int],
     *,
     mesh_dim_names: Sequence[str] | None = None,
 ) -> DeviceMesh:
-    """A mesh of shape ``mesh_shape`` over the world's first ranks, row-major.
-
-    As in PyTorch, the mesh holds ranks ``0 .. prod(mesh_shape) - 1``: the
-    whole world, or its first ranks when the world is larger (the other ranks
-    are outside the mesh: ``get_coordinate()`` is ``None`` and their blocks
-    are empty). A mesh larger than the world is a ``MeshError``. Initialises
-    the default process group from the torchrun environment if needed (Gloo
-    for ``cpu``, NCCL for ``cuda`` with one GPU per ``LOCAL_RANK``). For any
-    other set of ranks use ``DeviceMesh(device_type, ranks)``.
-
-    Example:
-        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    """
+    """See ``dtensor.mesh.init_device_mesh``."""
     if isinstance(mesh_shape, int):
         mesh_shape = (mesh_shape,)
     mesh_shape = tuple(mesh_shape)
@@ -87,7 +80,7 @@ def init_device_mesh(
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     grid = torch.arange(size).reshape(mesh_shape)
-    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+    return cls(device_type, grid, mesh_dim_names=mesh_dim_names)
 
 
 # from_group ------------------------------------------------------------------------
@@ -103,6 +96,7 @@ def _group_ranks(group, what: str) -> list[int]:
 
 
 def from_group(
+    cls,
     group,
     device_type: str,
     mesh: Sequence | torch.Tensor | None = None,
@@ -118,14 +112,15 @@ def from_group(
                 f"{what}: {len(groups)} groups need mesh=<ranks> giving their layout"
             )
         mesh = _group_ranks(groups[0], what)
-    out = DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, _groups=None)
+    # Geometry first (no groups): the caller's groups will serve the mesh.
+    out = cls(device_type, mesh, mesh_dim_names=mesh_dim_names, _init_backend=False)
     if len(groups) != out.ndim:
         raise MeshError(
             f"{what}: got {len(groups)} groups for a {out.ndim}-D mesh {out!r}; "
             "pass one group per mesh axis"
         )
     if out.get_coordinate() is None:
-        return out  # outsiders hold no groups
+        return cls(device_type, mesh, mesh_dim_names=mesh_dim_names)  # outsiders: no groups
     for axis, g in enumerate(groups):
         want = list(out._axis_ranks(axis))
         got = _group_ranks(g, what)
@@ -134,9 +129,8 @@ def from_group(
                 f"{what}: group {axis} has ranks {got}, but this rank's line along "
                 f"axis {axis} of {out!r} is {want}"
             )
-    # The caller's groups serve the mesh (no second group of the same ranks).
-    out._groups = tuple(g if out.shape[a] > 1 else None for a, g in enumerate(groups))
-    return out
+    groups = tuple(g if out.shape[a] > 1 else None for a, g in enumerate(groups))
+    return cls(device_type, mesh, mesh_dim_names=mesh_dim_names, _groups=groups)
 
 
 # Selecting and flattening axes ---------------------------------------------------
@@ -192,7 +186,7 @@ def select(mesh: DeviceMesh, names) -> DeviceMesh:
         if mesh.mesh_dim_names else None
     )
     have = _root_axes(mesh)
-    return DeviceMesh(
+    return type(mesh)(
         mesh.device_type,
         grid,
         mesh_dim_names=out_names,
@@ -230,7 +224,7 @@ def flatten(mesh: DeviceMesh, name: str | None = None) -> DeviceMesh:
             f"{tuple(names[a] for a in merged)}. Pick another name"
         )
     root._flattened[name] = merged
-    return DeviceMesh(
+    return type(mesh)(
         mesh.device_type,
         mesh.mesh.reshape(-1),
         mesh_dim_names=(name,),
@@ -314,10 +308,10 @@ def check_device_type(device_type, what: str) -> None:
 
 
 # Rebuilding a mesh from its pickle or from compiled code ----------------------------
-fx_meshes: dict[tuple, DeviceMesh] = {}
+fx_meshes: dict[tuple, DeviceMesh] = {}  # NOTE: process lifetime, see __fx_repr__
 
 
-def mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
+def mesh_from_fx(cls, device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
     """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
     key = (device_type, ranks, shape, mesh_dim_names, rank, world)
     mesh = fx_meshes.get(key)
@@ -332,10 +326,10 @@ def mesh_from_fx(device_type, ranks, shape, mesh_dim_names, rank, world) -> Devi
             f"but this process is rank {here[0]} in world {here[1]!r}; recompile "
             "in this world (clear the torch.compile caches)"
         )
-    mesh = unpickle_mesh(device_type, ranks, shape, mesh_dim_names)
+    mesh = unpickle_mesh(cls, device_type, ranks, shape, mesh_dim_names)
     return fx_meshes.setdefault(key, mesh)
 
 
-def unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
+def unpickle_mesh(cls, device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
     grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
-    return DeviceMesh(device_type, grid, mesh_dim_names=mesh_dim_names)
+    return cls(device_type, grid, mesh_dim_names=mesh_dim_names)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtensor import _comm
+from dtensor import _comm, _mesh_build
 from dtensor.errors import MeshAxisError, MeshError
 
 __all__ = ["DeviceMesh", "current_mesh", "device_of", "init_device_mesh", "mesh_max", "resolve_mesh"]
@@ -253,15 +253,11 @@ class DeviceMesh:
         return _mesh_build.select(self, names)
 
     def flatten(self, name: str | None = None) -> DeviceMesh:
-        """This mesh as one axis named ``name`` (default: its names joined by ``_``).
+        """This mesh as one axis ``name`` (default: its names joined by ``_``), row-major.
 
-        Ranks in row-major order; the root mesh learns the name, so
-        ``root[name]`` gives the same mesh. PyTorch spells it ``_flatten``.
-
-        Example:
-            >>> mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
-            >>> mesh["dp", "cp"].flatten("dp_cp").ranks      # on rank 0
-            (0, 2, 4, 6)
+        The root mesh learns the name: ``root[name]`` is the same mesh. Example
+        (rank 0 of a 2x2x2 dp/cp/tp mesh): ``mesh["dp", "cp"].flatten().ranks``
+        is ``(0, 2, 4, 6)``. PyTorch spells it ``_flatten``.
         """
         return _mesh_build.flatten(self, name)
 
@@ -271,23 +267,16 @@ class DeviceMesh:
         """The mesh this one was sliced or flattened from (itself for a root)."""
         return self._root if self._root is not None else self
 
-    @staticmethod
-    def from_group(group, device_type: str, mesh=None, *, mesh_dim_names=None) -> DeviceMesh:
-        """A mesh whose axes use existing process groups.
+    @classmethod
+    def from_group(cls, group, device_type: str, mesh=None, *, mesh_dim_names=None) -> DeviceMesh:
+        """A mesh whose axes use existing process groups (``group``).
 
-        Args:
-            group: one process group (a 1-D mesh over its ranks), or one group
-                per mesh axis: this rank's line along that axis.
-            device_type: ``"cpu"`` or ``"cuda"``.
-            mesh: the ranks' layout (required for several groups, or on a rank
-                outside ``group``).
-            mesh_dim_names: optional axis names.
-
-        Example:
-            >>> DeviceMesh.from_group(dist.group.WORLD, "cpu").ranks
-            (0, 1, 2, 3)
+        ``group`` is one group (a 1-D mesh over its ranks) or one per mesh
+        axis (this rank's line along it); ``mesh`` gives the ranks' layout
+        (needed for several groups, and on ranks outside ``group``). Example:
+        ``DeviceMesh.from_group(dist.group.WORLD, "cpu")``.
         """
-        return _mesh_build.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
+        return _mesh_build.from_group(cls, group, device_type, mesh, mesh_dim_names=mesh_dim_names)
 
     def get_all_groups(self) -> list:
         """This rank's process group of every axis (``None`` each, outside the mesh)."""
@@ -340,32 +329,25 @@ class DeviceMesh:
     def __reduce__(self):
         # Pickles as its ranks; loading rebuilds it (and its process groups)
         # in the loading process, which must be in the same world.
-        return _mesh_build.unpickle_mesh, (
+        return _unpickle_mesh, (
             self.device_type, self._ranks, self._shape, self.mesh_dim_names,
         )
 
     # Naming a mesh in generated code ----------------------------------------
     def _cache_key(self) -> tuple:
-        """What compiled code for this mesh depends on: geometry, this rank
-        (a program is specialised to its coordinate) and the world (the names
-        of the groups it calls). Compile caches key programs on it, through
-        ``__fx_repr__`` and ``DTensor._stable_hash_for_caching``."""
+        """What compiled code depends on: geometry, this rank (its coordinate)
+        and the world (its group names); compile caches key programs on it."""
         return (
             self.device_type, self._ranks, self._shape, self.mesh_dim_names,
             self._rank, self._world,
         )
 
     def __fx_repr__(self) -> tuple[str, dict]:
-        """This mesh as an expression in code torch.compile generates.
-
-        The expression looks the mesh up rather than building a new one (which
-        would create process groups while tracing). Every mesh named this way
-        stays registered for the process's lifetime, so compiled code keeps
-        working after the mesh object that traced it is gone.
-        """
+        """This mesh in code torch.compile generates: a lookup, not a build (which
+        would create groups while tracing); registered for the process's life."""
         key = self._cache_key()
         _mesh_build.fx_meshes.setdefault(key, self)
-        return f"dtensor_mesh{key!r}", {"dtensor_mesh": _mesh_build.mesh_from_fx}
+        return f"dtensor_mesh{key!r}", {"dtensor_mesh": _mesh_from_fx}
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
@@ -393,8 +375,29 @@ def mesh_max(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return t
 
 
-# After DeviceMesh: the builders import it.
-from dtensor import _mesh_build  # noqa: E402
-from dtensor._mesh_build import init_device_mesh  # noqa: E402
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """A mesh of shape ``mesh_shape`` over the world's first ranks, row-major.
 
-_unpickle_mesh = _mesh_build.unpickle_mesh  # meshes pickled before the move name it
+    As in PyTorch: ranks ``0 .. prod(mesh_shape) - 1``, the whole world or
+    its first ranks (the others are outsiders); larger than the world is a
+    ``MeshError``. Starts the default process group from torchrun's
+    environment if needed (Gloo for ``cpu``, NCCL for ``cuda``). Example:
+    ``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))``.
+    """
+    return _mesh_build.init_device_mesh(
+        DeviceMesh, device_type, mesh_shape, mesh_dim_names=mesh_dim_names
+    )
+
+
+def _unpickle_mesh(device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
+    return _mesh_build.unpickle_mesh(DeviceMesh, device_type, ranks, shape, mesh_dim_names)
+
+
+def _mesh_from_fx(*key) -> DeviceMesh:
+    """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
+    return _mesh_build.mesh_from_fx(DeviceMesh, *key)

@@ -15,22 +15,20 @@ from collections.abc import Sequence
 import torch
 
 from dtensor import _compile, _local_check, _persist
+from dtensor._tensor_grad import _FromLocal, _Redistribute, _ToLocal
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, PlacementError, ShardingError
 from dtensor.mesh import DeviceMesh
 from dtensor.mesh import resolve_mesh as _resolve_mesh  # its old home; importers use it
 from dtensor.placement import (
-    Partial,
     Placement,
     Replicate,
     Shard,
     format_placements,
-    partial_to_replicate,
     replicated,
 )
 from dtensor.redistribute import empty_local as _empty_local
-from dtensor.redistribute import grad_placements as _grad_placements
 from dtensor.redistribute import redistribute_cast as _redistribute_cast
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
@@ -189,6 +187,7 @@ class DTensor(torch.Tensor):
         if shape is None and stride is not None:
             raise PlacementError("from_local: stride given without shape")
         coord = mesh.get_coordinate()
+        inferred = None
         if run_check and coord is not None:
             if _compile.tracing():
                 raise PlacementError(
@@ -197,16 +196,14 @@ class DTensor(torch.Tensor):
                 )
             # Before any check of our own: a rank-dependent error here would
             # leave the other ranks blocked in the check's collectives.
-            local_tensor, shape = _local_check.run_check(
+            local_tensor, inferred = _local_check.run_check(
                 local_tensor, mesh, placements, shape, stride,
                 lambda ps, ndim: _norm(ps, mesh, ndim),
             )
         if shape is None:
-            gshape = list(local_tensor.shape)
-            for axis, p in enumerate(_norm(placements, mesh, local_tensor.ndim)):
-                if isinstance(p, Shard):
-                    gshape[p.dim] *= mesh.shape[axis]
-            shape = tuple(gshape)
+            shape, stride = _global_shape_stride(
+                local_tensor, mesh, _norm(placements, mesh, local_tensor.ndim), inferred
+            )
         shape = tuple(int(s) for s in shape)
         stride = tuple(stride) if stride is not None else contiguous_stride(shape)
         spec = DTensorSpec(mesh, tuple(placements), TensorMeta(shape, stride, local_tensor.dtype))
@@ -223,7 +220,7 @@ class DTensor(torch.Tensor):
                 )
         if not (local_tensor.requires_grad and torch.is_grad_enabled()):
             return DTensor(local_tensor, spec)
-        return _FromLocal.apply(local_tensor, spec)
+        return _FromLocal.apply(local_tensor, spec, DTensor)
 
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
         """This rank's block as a plain tensor (differentiable).
@@ -287,101 +284,34 @@ class DTensor(torch.Tensor):
         return full.to_local(grad_placements=grad_placements)
 
 
+def _global_shape_stride(local: torch.Tensor, mesh: DeviceMesh, placements, inferred):
+    """Global (shape, stride) of ``from_local`` without ``shape=``, as PyTorch's.
+
+    Shape: even shards of ``local``, or ``inferred`` from every block by the
+    run check. Stride: each ``Shard(d)`` scales the strides at least as large
+    as dim ``d``'s by the axis size, so a contiguous block gives a contiguous
+    tensor and a permuted block the same permutation of the whole; uneven
+    blocks (only the run check infers those) give a contiguous tensor.
+    """
+    shape, stride = list(local.shape), list(local.stride())
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard):
+            shape[p.dim] *= mesh.shape[axis]
+            pivot = stride[p.dim]
+            for d in range(len(stride)):
+                if d != p.dim and stride[d] >= pivot:
+                    stride[d] *= mesh.shape[axis]
+    if inferred is not None and tuple(inferred) != tuple(shape):
+        return tuple(inferred), contiguous_stride(inferred)
+    if local.is_contiguous():
+        return tuple(shape), contiguous_stride(shape)
+    return tuple(shape), tuple(stride)
+
+
 def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
     from dtensor.spec import normalize_placements
 
     return normalize_placements(placements, mesh.ndim, ndim)
-
-
-def _grad_spec_for(src: DTensorSpec) -> DTensorSpec:
-    """Layout a gradient takes on its way back to a tensor laid out by ``src``.
-
-    The gradient of a partial piece is the full gradient (for sum) on every
-    coordinate, so ``Partial`` axes become ``Replicate``.
-    """
-    if not src.has_partial():
-        return src
-    return src.with_placements(partial_to_replicate(src.placements))
-
-
-def _partial_scale(src: DTensorSpec) -> int:
-    """Divisor of the gradient for ``Partial(avg)`` axes; rejects ops other than sum/avg."""
-    scale = 1
-    for axis, p in enumerate(src.placements):
-        if isinstance(p, Partial):
-            if p.reduce_op == "avg":
-                scale *= src.mesh.shape[axis]
-            elif p.reduce_op != "sum":
-                raise ShardingError(
-                    f"backward through Partial({p.reduce_op!r}) on mesh axis {axis} is "
-                    "not supported; redistribute to Replicate() before differentiating"
-                )
-    return scale
-
-
-def _redistribute_grad(grad, target: DTensorSpec) -> DTensor:
-    """The gradient (same global value) laid out like ``target``, partials replicated."""
-    if not isinstance(grad, DTensor):
-        raise ShardingError("redistribute backward: expected a DTensor gradient")
-    gspec = grad._spec
-    want = _grad_spec_for(target)
-    local = grad._local_tensor
-    if gspec.placements != want.placements:
-        local = redistribute_local(local, gspec, gspec.with_placements(want.placements))
-    return DTensor(local, want.with_meta(gspec.tensor_meta))
-
-
-class _Redistribute(torch.autograd.Function):
-    """Change layout in forward; move the gradient back to the source layout in backward."""
-
-    @staticmethod
-    def forward(ctx, x: DTensor, dst: DTensorSpec):
-        ctx.src = x._spec
-        return DTensor(redistribute_local(x._local_tensor, x._spec, dst), dst)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if isinstance(grad, DTensor) and ctx.src.has_partial():
-            # Partial source axes keep the gradient's layout (no bytes moved;
-            # see dtensor.redistribute.grad_placements).
-            gspec = grad._spec
-            want = gspec.with_placements(_grad_placements(ctx.src.placements, gspec.placements))
-            return DTensor(redistribute_local(grad._local_tensor, gspec, want), want), None
-        return _redistribute_grad(grad, ctx.src), None
-
-
-class _FromLocal(torch.autograd.Function):
-    """Wrap a local block in forward; unwrap the gradient's block (in the source layout) in backward."""
-
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, spec: DTensorSpec):
-        ctx.spec = spec
-        # view_as: the DTensor must not share the autograd identity of `local`.
-        return DTensor(local.view_as(local), spec)
-
-    @staticmethod
-    def backward(ctx, grad: DTensor):
-        # The gradient of a partial piece: the global gradient, divided by the
-        # number of pieces for an average.
-        local = _redistribute_grad(grad, ctx.spec)._local_tensor
-        scale = _partial_scale(ctx.spec)
-        return (local / scale if scale != 1 else local), None
-
-
-class _ToLocal(torch.autograd.Function):
-    """Unwrap in forward; wrap the local gradient with ``grad_placements`` in backward."""
-
-    @staticmethod
-    def forward(ctx, x: DTensor, grad_spec: DTensorSpec):
-        ctx.grad_spec = grad_spec
-        return x._local_tensor.view_as(x._local_tensor)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        spec = ctx.grad_spec
-        if spec.mesh.get_coordinate() is None:
-            grad = _empty_local(spec, grad.device)
-        return DTensor(grad, spec), None
 
 
 serve(DTensor)

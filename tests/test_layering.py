@@ -172,7 +172,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dispatch", ("dispatch/",)),
     ("tensor", (
         "tensor.py", "distribute.py", "factories.py", "interop.py", "experimental.py",
-        "checkpoint.py", "debug.py", "_module_tracker.py", "module.py",
+        "checkpoint.py", "debug.py", "_module_tracker.py", "module.py", "_tensor_grad.py",
     )),
     ("parallel", ("parallel/",)),
     ("package", ("__init__.py",)),
