@@ -1,7 +1,8 @@
 """``from_local(run_check=True)``: the mesh's members agree on what they wrap.
 
 Each member's block metadata (dimensions, dtype, meta-ness, requires_grad,
-and a digest of the placements/shape/stride arguments) is all-gathered over
+and a digest of the placements/shape/stride arguments, then the block's
+shape and strides) is all-gathered over
 the mesh, so every member sees every member's and raises the same error,
 naming the ranks that differ, instead of failing alone and leaving the
 others blocked in a later collective. Then the blocks' shapes are gathered:
@@ -28,19 +29,23 @@ from dtensor.mesh import DeviceMesh, device_of
 from dtensor.placement import Placement, Replicate, Shard, format_placements
 from dtensor.spec import local_block
 
-__all__ = ["run_check"]
+__all__ = ["digest", "run_check"]
 
 # A stable code per dtype: the same torch build gives the same order everywhere.
 _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 _FIELDS = ("ndim", "dtype", "meta", "requires_grad", "arguments")
 
 
+def digest(text: str) -> int:
+    """A 56-bit digest of ``text`` (fits an int64 tensor), equal on every rank."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big")
+
+
 def _digest(placements, shape, stride) -> int:
     def norm(x):
         return None if x is None else tuple(int(i) for i in x)
 
-    text = repr((tuple(placements), norm(shape), norm(stride)))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big")
+    return digest(repr((tuple(placements), norm(shape), norm(stride))))
 
 
 def _decode(field: str, value: int):
@@ -138,7 +143,18 @@ def run_check(
             f"number of dims); got " + " | ".join(differ)
         )
     placements = normalize(placements, local.ndim)
-    shapes = [tuple(r) for r in _gather(list(local.shape), mesh)] if local.ndim else [()] * len(ranks)
+    n = local.ndim
+    rows = _gather([*local.shape, *local.stride(), int(local.is_contiguous())], mesh)
+    shapes = [tuple(r[:n]) for r in rows]
+    strides = [tuple(r[n : 2 * n]) for r in rows]
+    if shape is None and not all(r[-1] for r in rows) and len(set(strides)) > 1:
+        # The global stride derives from the blocks' (as in PyTorch): they
+        # must agree unless all are contiguous (uneven contiguous blocks differ).
+        raise PlacementError(
+            f"{where}: ranks disagree on their blocks' strides (a non-contiguous "
+            f"block, e.g. transposed, on some ranks); got stride: {_who(strides, ranks)}. "
+            "Pass .contiguous() blocks, or shape= and stride="
+        )
     if shape is None:
         shape = _infer_shape(shapes, mesh, placements)
         how = "inferred from the blocks"

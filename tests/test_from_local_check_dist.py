@@ -129,3 +129,26 @@ def test_sub_mesh_members_check_and_outsiders_do_not_block(world) -> None:
     else:  # outsiders hold empty blocks and take no part
         x = DTensor.from_local(local, mesh, [Replicate()], run_check=True)
         assert x.to_local().numel() == 0
+
+
+@W2
+def test_global_stride_follows_the_blocks_stride_as_in_pytorch(world) -> None:
+    mesh = _mesh(2)
+    assert DTensor.from_local(torch.ones(4, 8), mesh, [Shard(0)]).stride() == (8, 1)
+    assert DTensor.from_local(torch.ones(8, 4), mesh, [Shard(1)]).stride() == (8, 1)
+    permuted = torch.ones(8, 4, 8).permute(1, 2, 0)  # stride (8, 1, 32)
+    x = DTensor.from_local(permuted, mesh, [Shard(1)])
+    assert x.shape == (4, 16, 8) and x.stride() == (16, 1, 64)
+    assert torch.equal(x.full_tensor(), torch.ones(4, 16, 8))
+
+
+@W2
+def test_a_transposed_block_on_one_rank_fails_the_check_on_every_rank(world) -> None:
+    local = torch.ones(4, 4)
+    if world.rank == 0:
+        local = local.t().contiguous().t()  # same shape, transposed strides
+    with pytest.raises(PlacementError, match=r"stride: rank 0: \(1, 4\); rank 1: \(4, 1\)"):
+        DTensor.from_local(local, _mesh(2), [Replicate()], run_check=True)
+    # Contiguous uneven blocks have different strides and pass.
+    x = DTensor.from_local(torch.ones(3, 3 - world.rank), _mesh(2), [Shard(1)], run_check=True)
+    assert x.shape == (3, 5) and x.stride() == (5, 1)
