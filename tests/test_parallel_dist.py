@@ -601,3 +601,34 @@ def test_loss_parallel_partial_and_replicated_logits_rejected(world) -> None:
     x, y = _logits()
     with loss_parallel(), pytest.raises(PlanError, match="Shard"):
         F.cross_entropy(DTensor.from_local(x, mesh, [Partial()]), y)
+
+
+@WORLDS
+def test_parallelize_module_sends_the_source_values_in_one_broadcast(world, n) -> None:
+    """Setup cost: the plan's parameters travel in one broadcast per dtype,
+    not one per parameter, and every rank ends up with rank 0's values."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = MLP()
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x):
+            return self.norm(self.mlp(x))
+
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(world.rank)  # every rank but 0 holds other values
+    plan = {"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(),
+            "norm": SequenceParallel(sequence_dim=0)}
+    with CommCounter() as c:
+        parallelize_module(model, _mesh(n), plan)
+    assert c.counts == {"broadcast": 1}, c.counts
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert isinstance(p, DTensor), name
+        torch.testing.assert_close(p.full_tensor(), q.detach(), **TOL,
+                                   msg=lambda m, name=name: f"{name}: {m}")

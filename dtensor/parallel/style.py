@@ -45,6 +45,9 @@ class ParallelStyle(ABC):
     """
 
     src_data_rank: int | None = 0
+    # Parameters whose source values parallelize_module already received (in
+    # one broadcast for the whole plan): id(param) -> the source's values.
+    _sources: dict | None = None
 
     @abstractmethod
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module: ...
@@ -88,8 +91,12 @@ def finish(x, use_local_output: bool):
     return x.to_local() if use_local_output and isinstance(x, DTensor) else x
 
 
-def _partitioner(layouts: dict[str, Placement], src_data_rank: int | None, target: nn.Module):
-    """A ``partition_fn`` laying out ``target``'s named parameters, replicating the rest."""
+def _partitioner(layouts: dict[str, Placement], src_data_rank: int | None, target: nn.Module,
+                 sources: dict | None = None):
+    """A ``partition_fn`` laying out ``target``'s named parameters, replicating the rest.
+
+    ``sources``: values already received from the source rank, by parameter
+    id (laid out as they are, without another broadcast)."""
 
     def partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
         if module is not target:
@@ -98,7 +105,11 @@ def _partitioner(layouts: dict[str, Placement], src_data_rank: int | None, targe
             if isinstance(param, DTensor):
                 continue
             layout = layouts.get(key, Replicate())
-            dt = distribute_param(param.data, mesh, [layout], src_data_rank)
+            got = sources.get(id(param)) if sources else None
+            if got is not None:
+                dt = distribute_param(got, mesh, [layout], None)
+            else:
+                dt = distribute_param(param.data, mesh, [layout], src_data_rank)
             module.register_parameter(key, nn.Parameter(dt, requires_grad=param.requires_grad))
 
     return partition
@@ -135,7 +146,8 @@ class _LinearStyle(ParallelStyle):
             return finish(relayout(out, self.output_layouts), self.use_local_output)
 
         return distribute_module(
-            module, device_mesh, _partitioner(layouts, self.src_data_rank, module),
+            module, device_mesh,
+            _partitioner(layouts, self.src_data_rank, module, self._sources),
             input_fn, output_fn,
         )
 
@@ -254,10 +266,10 @@ class SequenceParallel(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         layout = Shard(self.sequence_dim)
-        src = self.src_data_rank
+        src, sources = self.src_data_rank, self._sources
 
         def partition(name, mod, mesh):
-            _partitioner({}, src, mod)(name, mod, mesh)
+            _partitioner({}, src, mod, sources)(name, mod, mesh)
 
         def input_fn(mod, inputs, mesh):
             if not inputs:
