@@ -15,7 +15,10 @@ optimizer construction; median of several), the first step (cold caches,
 local kernels warmed by the plain model), the median step and the median of
 each phase (forward+loss / backward / clip / optimizer step), losses (ours vs
 torch vs single device), and the bytes of one step by phase
-(``bench/_comm_bytes.py``, the same counter for both).
+(``bench/_comm_bytes.py``, the same counter for both). Phases of a step
+are timed without barriers, so a phase that starts with a collective (clip's
+all-reduce) also holds the wait for the slowest rank's backward; "clip
+alone" and "optimizer step alone" start after a barrier.
 
     python bench/train_phases.py                 # 2 and 4 ranks, both models
     python bench/train_phases.py --worlds 2 --models mlp --steps 10
@@ -190,6 +193,26 @@ def _worker(args) -> None:
                 dt, loss = step(name, *built[name], res["phase_s"][name])
                 res["step_s"][name].append(dt)
                 res["losses"][name].append(loss)
+        # Clip and optimizer step alone: every rank starts them together (a
+        # barrier after backward), so no rank's wait for a slower backward
+        # lands in them.
+        res["alone_s"] = {k: {"clip": [], "opt": []} for k in IMPLS}
+        for i in range(args.steps):
+            for name in (order if i % 2 == 0 else order[::-1]):
+                model, opt = built[name]
+                lib = libs[name]
+                opt.zero_grad(set_to_none=True)
+                if model_name == "llama":
+                    with lib.parallel.loss_parallel():
+                        loss_of(None, model).backward()
+                else:
+                    loss_of(lib, model).backward()
+                for what, fn in (("clip", lambda m=model: torch.nn.utils.clip_grad_norm_(
+                        m.parameters(), 1.0)), ("opt", opt.step)):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    res["alone_s"][name][what].append(time.perf_counter() - t0)
         out["models"][model_name] = res
     out["loadavg"] = os.getloadavg()
     if rank == 0:
@@ -242,6 +265,9 @@ def report(runs: dict[int, list[dict]]) -> str:
             row("step (clip + AdamW, median)", lambda m, k: m["step_s"][k], "<= 0.8")
             for ph, goal in zip(PHASES, ("-", "-", "<= 0.5", "<= 0.5"), strict=True):
                 row(f"phase: {ph}", lambda m, k, ph=ph: m["phase_s"][k][ph], goal)
+            row("clip alone (after a barrier)", lambda m, k: m["alone_s"][k]["clip"], "<= 0.5")
+            row("optimizer step alone (after a barrier)", lambda m, k: m["alone_s"][k]["opt"],
+                "<= 0.5")
             row("first step (cold)", lambda m, k: [m["first_s"][k]], "<= 0.3")
             row("setup, first model", lambda m, k: m["setup_s"][k][:1], "<= 1.0")
             row("setup, later models", lambda m, k: m["setup_s"][k][1:], "<= 1.0")
