@@ -28,6 +28,10 @@ the same run; absolute times on a shared 2-core machine are noise.
     python bench/train_step.py --plan tp      # plain Megatron plan (default: sp)
     python bench/train_step.py --no-compile   # eager only
     python bench/train_step.py --compile model  # whole-model compile
+
+Training steps as users write them (gradient clipping every step, AdamW with
+default flags, a compute-heavier MLP beside this Llama, setup time and the
+forward/backward/clip/optimizer split): ``python bench/train_phases.py``.
 """
 
 from __future__ import annotations
