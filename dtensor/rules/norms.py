@@ -71,8 +71,8 @@ def combine_shares(shares: torch.Tensor, p: float, mesh, axes) -> torch.Tensor:
         # NOTE: Gloo's max/min keep whichever operand compares first, so a NaN
         # held by one rank could vanish; a NaN flag travels in the same buffer
         # (max of flags is their "or"; min of negated flags the same).
-        flag = torch.isnan(shares).to(shares.dtype)
-        buf = torch.cat([shares.reshape(-1), flag.reshape(-1) if how == "max" else -flag.reshape(-1)])
+        flag = torch.isnan(shares).to(shares.dtype).reshape(-1)
+        buf = torch.cat([shares.reshape(-1), flag if how == "max" else -flag])
     for axis in axes:
         group = mesh.axis_group(axis)
         if group is not None:
