@@ -10,6 +10,10 @@ include starting the world (a real world's start-up is part of its cost).
     python bench/sim_throughput.py                      # 4 ranks, test_redistribute.py
     python bench/sim_throughput.py --files tests/properties   # the whole suite
     python bench/sim_throughput.py --big 64 --examples 2      # every property at 64 ranks
+    DTENSOR_MUTANT=gather_drops_last_uneven_shard python bench/sim_throughput.py --ranks 2
+
+It also compares every test's verdict (junit) between the two runs: the
+simulated world must pass and fail exactly the tests the real one does.
 
 Run it on a quiet machine; it prints a markdown table.
 """
@@ -21,19 +25,36 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pytest(files: list[str], sizes: str, extra: list[str]) -> tuple[float, str, int]:
+def _pytest(files: list[str], sizes: str, extra: list[str],
+            junit: str | None = None) -> tuple[float, str, int]:
     env = dict(os.environ, DTENSOR_WORLD_SIZES=sizes)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            "--hypothesis-profile=ci", "--dist-timeout", "600", *files, *extra]
+    if junit:
+        cmd.append(f"--junitxml={junit}")
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     return time.perf_counter() - t0, out.stdout + out.stderr, out.returncode
+
+
+def verdicts(junit: str) -> dict[str, str]:
+    """test id -> passed/failed/skipped from a junit file."""
+    import xml.etree.ElementTree as ET
+
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        kinds = {c.tag for c in case}
+        name = f"{case.get('classname')}::{case.get('name')}"
+        out[name] = ("failed" if kinds & {"failure", "error"} else
+                     "skipped" if "skipped" in kinds else "passed")
+    return out
 
 
 def _summary(text: str) -> str:
@@ -56,16 +77,22 @@ def main() -> None:
     a = ap.parse_args()
     n = str(a.ranks)
     print(f"| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
-    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"])
+    tmp = tempfile.mkdtemp()
+    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"], f"{tmp}/sim.xml")
     ex = _examples(sim_out)
     rate = ex / sim_s if ex else float("nan")
     print(f"| simulated | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
     if not a.skip_real:
-        real_s, real_out, _ = _pytest(a.files, n, [])
+        real_s, real_out, _ = _pytest(a.files, n, [], f"{tmp}/real.xml")
         real_rate = ex / real_s if ex else float("nan")
         print(f"| real (Gloo) | {n} | {real_s:.1f} | {ex} | {real_rate:.1f} | "
               f"{_summary(real_out)} |")
         print(f"\nsimulated / real examples per second: {real_s / sim_s:.2f}x")
+        sim_v, real_v = verdicts(f"{tmp}/sim.xml"), verdicts(f"{tmp}/real.xml")
+        differ = {k: (sim_v.get(k), real_v.get(k)) for k in sim_v.keys() | real_v.keys()
+                  if sim_v.get(k) != real_v.get(k)}
+        print(f"verdicts: {len(sim_v)} tests, {len(differ)} differ (simulated, real)"
+              + "".join(f"\n  {k}: {v}" for k, v in sorted(differ.items())))
     if a.big:
         big_s, big_out, rc = _pytest(["tests/properties"], str(a.big),
                                      ["--dist-sim", f"--dist-sim-examples={a.examples}"])
