@@ -19,10 +19,10 @@ import torch
 
 from dtensor import _comm, _compile, _seeding
 from dtensor import random as rng
-from dtensor.dispatch.random_ops import no_generator, zero_partial_sums
+from dtensor.dispatch.random_ops import no_generator
 from dtensor.errors import ShardingError
 from dtensor.mesh import DeviceMesh, device_of
-from dtensor.placement import Placement, replicated
+from dtensor.placement import Placement, partial_fill, replicated
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 from dtensor.tensor import DTensor, _resolve_mesh
 
@@ -100,10 +100,12 @@ def _constant(value_of: Callable[[torch.dtype], object], what: str):
 
 
 def _fix_partial(out: DTensor, fill) -> DTensor:
-    """A Partial(sum) constant keeps the value on one coordinate, zero elsewhere."""
+    """A Partial(sum/product/bxor) constant keeps the value on one coordinate,
+    the op's identity elsewhere (``dtensor.placement.partial_fill``)."""
     coord = out._spec.mesh.get_coordinate()
-    if coord is not None and fill != 0 and zero_partial_sums(out._spec, coord):
-        out._local_tensor.zero_()
+    new = None if coord is None else partial_fill(out._spec.placements, coord)
+    if new is not None and new != fill:
+        out._local_tensor.fill_(new)
     return out
 
 
@@ -155,8 +157,9 @@ def _random_factory(block_fn, name: str, **fixed):
         out = build(tuple(int(s) for s in size), block, dtype=dt, device_mesh=device_mesh,
                     placements=placements, requires_grad=requires_grad, what=name)
         coord = out._spec.mesh.get_coordinate()
-        if coord is not None and zero_partial_sums(out._spec, coord):
-            out._local_tensor.zero_()
+        fill = None if coord is None else partial_fill(out._spec.placements, coord)
+        if fill is not None:
+            out._local_tensor.fill_(fill)
         return out
 
     factory.__name__ = name

@@ -27,6 +27,7 @@ __all__ = [
     "Shard",
     "format_placements",
     "is_linear_partial",
+    "partial_fill",
     "partial_to_replicate",
     "replicated",
 ]
@@ -184,6 +185,26 @@ def partial_to_replicate(placements) -> tuple[Placement, ...]:
         '(S(0), R)'
     """
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+def partial_fill(placements, coord):
+    """What this coordinate holds in place of a value every coordinate has,
+    so that the placements' Partial axes reduce to that value: ``None`` (keep
+    the value) or an identity to fill with.
+
+    Partial axes reduce in axis order, so a coordinate off 0 on the lowest
+    such axis that is not idempotent holds that axis's identity (0 for sum
+    and bxor, 1 for product); idempotent ops (avg, max, min, band, bor) keep
+    the value everywhere.
+
+    Example:
+        >>> partial_fill((Partial("sum"), Partial("product")), (0, 1))
+        1
+    """
+    for axis, p in enumerate(placements):
+        if isinstance(p, Partial) and coord[axis] != 0 and not p.is_idempotent:
+            return p.identity()
+    return None
 
 
 def format_placements(placements: tuple[Placement, ...]) -> str:

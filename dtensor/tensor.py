@@ -62,9 +62,11 @@ class DTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
-        if requires_grad is False and local_tensor.requires_grad:
+        if requires_grad is False and local_tensor.requires_grad and torch.is_grad_enabled():
             # PyTorch's DTensor warns the same (its tests expect the warning):
-            # the DTensor would silently cut the local tensor's graph.
+            # the DTensor would silently cut the local tensor's graph. (Not
+            # under no_grad, e.g. in an autograd.Function's forward, whose
+            # view of a requires-grad input still reports requires_grad.)
             warnings.warn(
                 "To construct DTensor from torch.Tensor, it's recommended to use "
                 "local_tensor.detach() and make requires_grad consistent.",

@@ -239,3 +239,25 @@ def test_constructor_warns_when_it_cuts_the_local_graph(world) -> None:
         warnings.simplefilter("error")
         assert DTensor(local, spec, requires_grad=True).shape == (6, 3)
         assert DTensor(local.detach(), spec).requires_grad is False
+        # from_local of a requires-grad block records the graph: no warning.
+        assert DTensor.from_local(local, mesh, [Shard(0)]).requires_grad
+
+
+# Factories and random ops writing a Partial layout -------------------------------
+@W2
+def test_factories_and_random_ops_put_the_identity_off_coordinate_0(world) -> None:
+    # n copies of v reduce to v only for idempotent ops; product needs ones
+    # and bxor zeros off coordinate 0 (3 * 3 = 9 and 5 ^ 5 = 0 otherwise).
+    import dtensor
+
+    mesh = DeviceMesh("cpu", [0, 1])
+    for op in ("product", "sum", "max"):
+        x = dtensor.full((2,), 3.0, device_mesh=mesh, placements=[Partial(op)])
+        assert torch.equal(x.full_tensor(), torch.full((2,), 3.0)), op
+    b = dtensor.full((2,), 5, dtype=torch.int64, device_mesh=mesh, placements=[Partial("bxor")])
+    assert torch.equal(b.full_tensor(), torch.full((2,), 5))
+    dtensor.manual_seed(7)
+    r = dtensor.rand(4, device_mesh=mesh, placements=[Replicate()])
+    dtensor.manual_seed(7)
+    p = dtensor.rand(4, device_mesh=mesh, placements=[Partial("product")])
+    assert torch.equal(p.full_tensor(), r.full_tensor())

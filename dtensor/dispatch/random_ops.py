@@ -29,7 +29,7 @@ from dtensor import _random_blocks as blocks
 from dtensor import random as rng
 from dtensor.dispatch.wrap import wrap
 from dtensor.errors import ShardingError
-from dtensor.placement import Partial, Replicate, partial_to_replicate
+from dtensor.placement import Partial, Replicate, partial_fill, partial_to_replicate
 from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
@@ -78,7 +78,9 @@ def zero_partial_sums(spec: DTensorSpec, coord) -> bool:
 
 
 def _zero_partial(values: torch.Tensor, spec: DTensorSpec, coord) -> torch.Tensor:
-    return torch.zeros_like(values) if zero_partial_sums(spec, coord) else values
+    # Off coordinate 0 of a Partial(sum/product/bxor) axis: the op's identity.
+    fill = partial_fill(spec.placements, coord)
+    return values if fill is None else torch.full_like(values, fill)
 
 
 def _inplace(make_for):
