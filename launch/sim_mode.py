@@ -142,8 +142,11 @@ class SimMode:
             raise skips[0].error
         real = [o for o in errors if not o.aborted and not isinstance(o.error, Skipped)]
         first = (real or errors)[0]
-        lines = [f"simulated {n}-rank world: failed on rank(s) "
-                 f"{[o.rank for o in real] or [o.rank for o in errors]} of {n}"]
+        if all(type(o.error).__name__ == "SimRankFailure" for o in errors):
+            lines = [f"simulated {n}-rank world: every rank raised the lockstep failure above"]
+        else:
+            lines = [f"simulated {n}-rank world: failed on rank(s) "
+                     f"{[o.rank for o in real] or [o.rank for o in errors]} of {n}"]
         for o in errors:
             if o is first or type(o.error).__name__ == "SimRankFailure":
                 continue  # lockstep raised the same failure on every rank
