@@ -191,6 +191,8 @@ class FuzzLoop:
         for rep in failed:
             f = parse_failure(item.nodeid, rep.longreprtext or "", st.elapsed_before + now)
             f.replay = from_lockstep(f.replay, item.nodeid, self.size, self.db_path)
+            # The last example this rank ran is Hypothesis' final replay of the minimal one.
+            f.example = f.example or self.probe.last[:2000]
             f.per_rank = per_rank
             st.add_failure(f)
         st.prop_arcs[item.nodeid] = st.prop_arcs.get(item.nodeid, 0) + new_arcs

@@ -69,6 +69,10 @@ def parse_failure(nodeid: str, text: str, found_at: float) -> Failure:
                len(body))
     body = body[:end]
     frames = [f for ln in body for f in _FILE_LINE.findall(ln)]
+    # The innermost frame of the project (not a library's, not the service's
+    # wrappers) locates the failure; else the innermost frame at all.
+    ours = [f for f in frames if "site-packages" not in f[0] and "/launch/" not in f[0]]
+    frames = ours or frames
     location = f"{_short(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
     exc_type, message = "", ""
     for ln in reversed(body):
