@@ -96,6 +96,8 @@ E     File "/r/launch/hypothesis_lockstep.py", line 207, in example
 E       result = inner(*args, **kwargs)
 E     File "/r/tests/fuzztoy/test_toy.py", line 10, in test_small
 E       assert x < 900
+E     File "/v/site-packages/torch/testing/_comparison.py", line 1631, in assert_close
+E       raise error_metas[0].to_error(msg)
 E   AssertionError: assert 900 < 900
 E   ----- rank 1 -----
 E   Traceback (most recent call last):
