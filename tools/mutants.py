@@ -499,11 +499,12 @@ def _excerpt(out: str, new: list[str]) -> str:
     keep: list[str] = [f"newly failing: {new}"]
     for i, line in enumerate(lines):
         if "RankFailure: example failed" in line and any(
-                n.split("::")[-1] in "\n".join(lines[i:i + 80]) for n in new):
+                n.split("::")[-1] in "\n".join(lines[i:i + 300]) for n in new):
             keep.append(line.split("RankFailure: ", 1)[1].strip())
-            errs = [x for x in lines[i + 1:i + 40] if re.match(r"E\s+\w*(Error|Exception):", x)]
+            errs = [x for x in lines[i + 1:i + 60]
+                    if re.match(r"E\s+(\w*(Error|Exception)|Failed):", x)]
             keep += [e[1:].strip()[:400] for e in errs[:1]]
-            rep = [x for x in lines[i + 1:i + 80] if "Replay:" in x]
+            rep = [x for x in lines[i + 1:i + 300] if "Replay:" in x]
             keep += [r[1:].strip() for r in rep[:1]]
             break
     summary = [x for x in lines if re.search(r"\d+ (passed|failed)", x)]
