@@ -158,3 +158,26 @@ def test_unseeded_processes_draw_agreeing_replicas(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "AGREE; default seeds differed: True" in p.stdout, p.stdout
+
+
+@W2
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_the_same_dropout_mask(world, reentrant) -> None:
+    """torch.utils.checkpoint saves and restores torch's RNG state around the
+    recomputation; ours follows it, so the recomputed mask is the forward's."""
+    from torch.utils.checkpoint import checkpoint
+
+    mesh = DeviceMesh("cpu", list(range(world.size)))
+    full = torch.linspace(-1, 1, 48).reshape(8, 6)
+
+    def block(x):
+        return (F.dropout(x, p=0.5, training=True) * x).sum()
+
+    grads = []
+    for ckpt in (False, True):
+        x = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
+        torch.manual_seed(21)
+        loss = checkpoint(block, x, use_reentrant=reentrant) if ckpt else block(x)
+        loss.full_tensor().backward()
+        grads.append(x.grad.full_tensor())
+    assert torch.equal(grads[0], grads[1]), "recomputation drew another dropout mask"
