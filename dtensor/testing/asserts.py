@@ -16,22 +16,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["assert_local_is_empty", "assert_matches_single_device", "tolerances"]
+from dtensor.testing.compare import compare_block, tolerances
+from dtensor.testing.oracle import assert_layout
 
-# (rtol, atol) per dtype; as torch.testing.assert_close's defaults, with a
-# looser float32 rtol: a sum over shards adds in a different order.
-_TOLERANCES = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1e-5, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-}
-
-
-def tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    """Default ``(rtol, atol)`` for ``dtype``: exact for ints and bool."""
-    return _TOLERANCES.get(dtype, (0.0, 0.0))
-
+__all__ = ["assert_local_is_empty", "assert_matches_single_device", "compare_block", "tolerances"]
 
 def _rank() -> int:
     import torch.distributed as dist
@@ -100,8 +88,6 @@ def assert_matches_single_device(
             f"{prefix}dtype differs on rank {_rank()}: got {dt.dtype}, expected "
             f"{expected.dtype}"
         )
-    from dtensor.testing.oracle import assert_layout
-
     placements = tuple(dt.placements)
     if any(type(p).__name__ == "Partial" for p in placements):
         # The pieces' layout first; a failure is raised after the reduction
@@ -132,31 +118,3 @@ def _reduce_partials(dt: Any, module: str) -> Any:
     replicate = mod.Replicate()
     target = [replicate if type(p).__name__ == "Partial" else p for p in dt.placements]
     return dt.redistribute(dt.device_mesh, target)
-
-
-def compare_block(local, block, offset, where, prefix, rtol, atol, equal_nan) -> None:
-    """Raise naming the first differing global index (``offset``: the block's)."""
-    if local.numel() == 0:
-        return
-    if block.dtype.is_floating_point or block.dtype.is_complex:
-        d_rtol, d_atol = tolerances(block.dtype)
-        rtol = d_rtol if rtol is None else rtol
-        atol = d_atol if atol is None else atol
-        a = local.to(torch.float64)
-        b = block.to(torch.float64)
-        if local.dtype != block.dtype:
-            a = local.to(block.dtype).to(torch.float64)
-        bad = ~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
-        tol = f" (rtol={rtol}, atol={atol})"
-    else:
-        bad = local.to(block.dtype) != block
-        tol = " (exact)"
-    if not bool(bad.any()):
-        return
-    idx = tuple(int(i) for i in bad.nonzero()[0])
-    gidx = tuple(i + o for i, o in zip(idx, offset, strict=True))
-    raise AssertionError(
-        f"{prefix}{where}: {int(bad.sum())} of {bad.numel()} elements differ{tol}; "
-        f"first at global index {gidx} (local {idx}): got {local[idx].item()!r}, "
-        f"expected {block[idx].item()!r}"
-    )

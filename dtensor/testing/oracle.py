@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from dtensor.testing.compare import compare_block
+
 __all__ = ["assert_coordinate", "assert_layout", "reference_block", "reference_coordinate"]
 
 
@@ -119,8 +121,6 @@ def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float 
     only its shape is checked here). A rank outside the mesh must hold an
     empty local tensor.
     """
-    from dtensor.testing.asserts import compare_block
-
     prefix = f"{msg}: " if msg else ""
     mesh = dt.device_mesh
     placements = tuple(dt.placements)
