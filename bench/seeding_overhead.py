@@ -1,6 +1,6 @@
 """Per-op time of DTensor random ops, to check that seeding costs nothing per op.
 
-Measures ``dtensor.rand(4, 4)`` and ``F.dropout`` of a 4×4 ``Replicate``
+Measures ``dtensor.rand(4, 4)`` and ``F.dropout`` of a 4x4 ``Replicate``
 DTensor on a real one-rank Gloo world (a real c10d store, so the seed
 agreement runs as it does under torchrun), after ``torch.manual_seed`` and
 with nobody seeding. ``--against DIR`` runs the same measurement with the
@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 CHILD = r"""
 import json, os, sys, tempfile, time

@@ -20,12 +20,17 @@ After a reseed through torch, the first draw on a mesh compares the members'
 others'; again no collective) and raises on every member if they differ:
 per-rank ``torch.manual_seed(rank)`` is a common bug that would otherwise draw
 disagreeing "replicas". ``dtensor.manual_seed`` is checked where it is called.
+
+The store operations live here, not in ``dtensor._comm``: they are not
+collectives (only the ranks that ask take part, and nobody else waits).
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -98,7 +103,7 @@ def take(mesh=None, what: str = "random op") -> tuple[int, int]:
 def _agree_default(g, w: _WorldRecord) -> None:
     seed = w.defaults.get(g.generation)
     if seed is None:
-        got = _comm.store_first(f"dtensor/rng/default/{g.generation}", str(g.state.seed))
+        got = _store_first(f"dtensor/rng/default/{g.generation}", str(g.state.seed))
         seed = w.defaults[g.generation] = int(got)
     if seed != g.state.seed:
         g.state = rng.RNGState(seed, g.state.offset)
@@ -113,7 +118,7 @@ def _check(g, w: _WorldRecord, mesh, what: str) -> None:
     key = f"dtensor/rng/check/{','.join(map(str, ranks))}/{n}"
     mine = f"{g.state.seed}:{g.state.offset}"
     try:
-        got = _comm.store_exchange(key, mine, ranks, _CHECK_TIMEOUT_S)
+        got = _store_exchange(key, mine, ranks, _CHECK_TIMEOUT_S)
     except TimeoutError as e:
         raise SeedMismatchError(
             f"{what} on {mesh!r}: this rank was reseeded through torch "
@@ -122,7 +127,7 @@ def _check(g, w: _WorldRecord, mesh, what: str) -> None:
             "of the mesh alike before drawing on it"
         ) from None
     if len(set(got)) > 1:
-        seeds = ", ".join(f"rank {r}: seed {v.replace(':', ' offset ')}" for r, v in zip(ranks, got))
+        seeds = ", ".join(f"rank {r}: seed {v.replace(':', ' offset ')}" for r, v in zip(ranks, got, strict=True))
         raise SeedMismatchError(
             f"{what} on {mesh!r}: its ranks hold different random states after "
             f"torch.manual_seed ({seeds}); replicas would disagree. Seed every "
@@ -131,6 +136,56 @@ def _check(g, w: _WorldRecord, mesh, what: str) -> None:
             "random ops one stream"
         )
     w.checked[mesh] = g.epoch
+
+
+# Store exchanges (no collective: only the ranks that ask take part) --------
+def _store_first(key: str, value: str) -> str:
+    """The value of ``key`` in the world's store: ``value`` if this rank is the
+    first to get there, else what the first one wrote. Never waits."""
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        return store.compare_set(key, "", value).decode()
+    except RuntimeError:
+        if _store_works(store):
+            raise
+        return value
+
+
+def _store_exchange(key: str, value: str, ranks: Sequence[int], timeout_s: float) -> list[str]:
+    """Publish ``value`` under ``key`` for this rank and read the values of
+    ``ranks`` (in that order), waiting at most ``timeout_s`` for them.
+
+    Raises ``TimeoutError`` naming the ranks that never published.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    if not _store_works(store):
+        return [value] * len(ranks)
+    store.set(f"{key}/{_comm.get_rank()}", value)
+    keys = [f"{key}/{r}" for r in ranks]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as e:  # c10d raises DistStoreError (a RuntimeError) on timeout
+        missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
+        raise TimeoutError(f"ranks {missing} did not publish {key!r}") from e
+    return [store.get(k).decode() for k in keys]
+
+
+_store_ok: dict[int, tuple[object, bool]] = {}
+
+
+def _store_works(store) -> bool:
+    """Whether ``store`` implements set/get (the fake process group's store,
+    one process standing for every rank, implements neither: there is nobody
+    to agree with)."""
+    entry = _store_ok.get(id(store))
+    if entry is None or entry[0] is not store:
+        try:
+            store.set("dtensor/probe", "1")
+            ok = True
+        except RuntimeError:
+            ok = False
+        entry = _store_ok[id(store)] = (store, ok)
+    return entry[1]
 
 
 # torch's seeding functions -------------------------------------------------

@@ -48,7 +48,6 @@ import torch
 
 from dtensor import _comm
 from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost
-from dtensor.errors import ShardingError
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
 
@@ -57,9 +56,7 @@ __all__ = [
     "commute",
     "empty_local",
     "execute",
-    "grad_placements",
     "plan",
-    "redistribute_cast",
     "redistribute_local",
 ]
 
@@ -358,88 +355,3 @@ def _slice(local, step, global_shape, mesh_shape, coord) -> torch.Tensor:
     # clone: the shard must not alias the replicated source (a later in-place
     # op on one would silently change the other).
     return local.narrow(dim, start, size).clone()
-
-
-# Autograd-facing helpers (dtensor.tensor's redistribute calls them) ----------
-def grad_placements(src: Sequence[Placement], grad: Sequence[Placement]) -> tuple[Placement, ...]:
-    """Layout the gradient of ``redistribute`` takes on its way back to ``src``.
-
-    Where the source was ``Partial`` the gradient keeps the layout it arrives
-    in: the gradient is of the global value, which every layout of it holds
-    exactly, so reducing it there would only move bytes (an all-reduce of the
-    whole gradient per axis) that a later step reduces anyway. PyTorch's
-    ``Partial -> Partial`` backward keeps ``Partial(sum)`` for the same
-    reason. Every other axis takes the source's layout.
-
-    Example:
-        >>> grad_placements((Partial(), Shard(0)), (Partial(), Replicate()))
-        (Partial(reduce_op='sum'), Shard(dim=0))
-    """
-    return tuple(g if isinstance(s, Partial) else s for s, g in zip(src, grad, strict=True))
-
-
-def redistribute_cast(x, mesh, dst: tuple[Placement, ...], forward_dtype, backward_dtype):
-    """``x.redistribute(mesh, dst, forward_dtype=..., backward_dtype=...)``.
-
-    The block is cast to ``forward_dtype`` before it moves (the collectives
-    run, and the result stays, in that dtype). In backward the gradient is
-    cast to ``backward_dtype`` (default: ``x``'s dtype) before its
-    collectives and arrives back in ``x``'s dtype, as in PyTorch.
-    """
-    for name, dt in (("forward_dtype", forward_dtype), ("backward_dtype", backward_dtype)):
-        if dt is not None and not isinstance(dt, torch.dtype):
-            raise ShardingError(
-                f"redistribute: {name} must be a torch.dtype or None, got {dt!r} "
-                f"({type(dt).__name__}), e.g. {name}=torch.bfloat16"
-            )
-    fwd = forward_dtype or x.dtype
-    bwd = backward_dtype or x.dtype
-    if fwd != x.dtype and x._spec.has_partial() and not (
-        fwd.is_floating_point and x.dtype.is_floating_point
-    ):
-        # Rounding each piece to an integer is not rounding their sum.
-        raise ShardingError(
-            f"redistribute: cannot cast the Partial pieces of {x._spec} to {fwd} "
-            "before reducing them; cast between floating dtypes, or redistribute "
-            "to Replicate() first"
-        )
-    if x.requires_grad and torch.is_grad_enabled():
-        return _CastRedistribute.apply(x, dst, fwd, bwd)
-    return _cast_move(x, x._spec.with_placements(dst), fwd)
-
-
-def _with_dtype(spec: DTensorSpec, dtype: torch.dtype) -> DTensorSpec:
-    meta = spec.tensor_meta
-    return spec.with_meta(type(meta)(meta.shape, meta.stride, dtype))
-
-
-def _cast_move(x, dst: DTensorSpec, dtype: torch.dtype):
-    """``x`` (a DTensor) cast to ``dtype``, then laid out like ``dst``."""
-    src = _with_dtype(x._spec, dtype)
-    local = redistribute_local(x._local_tensor.to(dtype), src, _with_dtype(dst, dtype))
-    return type(x)(local, _with_dtype(dst, dtype))
-
-
-class _CastRedistribute(torch.autograd.Function):
-    """Cast, then redistribute, in forward; in backward cast the gradient to
-    the backward dtype, move it back to the source layout (see
-    ``grad_placements``) and cast it to the source's dtype.
-
-    (A cast node of its own after the redistribute would not do: autograd
-    casts every gradient back to the dtype of the tensor it flows to, so the
-    collectives would run in the forward dtype.)
-    """
-
-    @staticmethod
-    def forward(ctx, x, dst, fwd, bwd):
-        ctx.src, ctx.bwd = x._spec, bwd
-        return _cast_move(x, x._spec.with_placements(dst), fwd)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if not hasattr(grad, "_spec"):
-            raise ShardingError("redistribute backward: expected a DTensor gradient")
-        src = ctx.src
-        want = grad._spec.with_placements(grad_placements(src.placements, grad._spec.placements))
-        g = _cast_move(grad, want, ctx.bwd)
-        return g if g.dtype == src.dtype else g.to(src.dtype), None, None, None

@@ -16,6 +16,7 @@ import torch
 
 from dtensor import _compile, _local_check, _persist
 from dtensor._tensor_grad import _FromLocal, _Redistribute, _ToLocal
+from dtensor._tensor_grad import redistribute_cast as _redistribute_cast
 from dtensor.dispatch import dispatch as _dispatch
 from dtensor.dispatch import serve
 from dtensor.errors import CrossMeshError, PlacementError, ShardingError
@@ -29,7 +30,6 @@ from dtensor.placement import (
     replicated,
 )
 from dtensor.redistribute import empty_local as _empty_local
-from dtensor.redistribute import redistribute_cast as _redistribute_cast
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
