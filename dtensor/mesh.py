@@ -41,21 +41,18 @@ def _mesh_stack() -> list[DeviceMesh]:
 
 def current_mesh() -> DeviceMesh | None:
     """The innermost mesh entered with ``with mesh:``, or ``None``."""
-    s = _mesh_stack()
-    return s[-1] if s else None
+    return s[-1] if (s := _mesh_stack()) else None
 
 
 def resolve_mesh(mesh: DeviceMesh | None, what: str) -> DeviceMesh:
     """``mesh``, else the current mesh; ``MeshError`` naming ``what`` if neither."""
-    if mesh is None:
-        if torch.compiler.is_compiling():  # NOTE: compiled code would not guard on it
-            raise MeshError(f"{what}: under torch.compile pass device_mesh=... explicitly "
-                            "(the current mesh of `with mesh:` is not tracked by compiled code)")
-        mesh = current_mesh()
-        if mesh is None:
-            raise MeshError(f"{what}: no device_mesh given and no current mesh; pass "
-                            "device_mesh=... or use `with mesh:`")
-    elif not isinstance(mesh, DeviceMesh):
+    if mesh is None and torch.compiler.is_compiling():  # NOTE: compiled code won't guard it
+        raise MeshError(f"{what}: under torch.compile pass device_mesh=... explicitly "
+                        "(the current mesh of `with mesh:` is not tracked by compiled code)")
+    if mesh is None and (mesh := current_mesh()) is None:
+        raise MeshError(f"{what}: no device_mesh given and no current mesh; pass "
+                        "device_mesh=... or use `with mesh:`")
+    if not isinstance(mesh, DeviceMesh):
         raise MeshError(f"{what}: expected a dtensor.DeviceMesh, got {type(mesh).__name__}")
     return mesh
 
