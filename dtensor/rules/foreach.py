@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.placement import Partial, Replicate, is_linear_partial, partial_to_replicate
+from dtensor.placement import (
+    Partial,
+    Replicate,
+    is_linear_partial,
+    partial_to_replicate,
+)
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "foreach_rule"]
