@@ -87,7 +87,7 @@ def main() -> None:
     if a.lock:
         LOCK.append(a.lock)
     n = str(a.ranks)
-    print(f"| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
+    print("| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
     tmp = tempfile.mkdtemp()
     sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"], f"{tmp}/sim.xml")
     ex = _examples(sim_out)

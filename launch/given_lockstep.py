@@ -122,7 +122,7 @@ def _install_patch() -> None:
     init, run_engine, example = cls.__init__, cls.run_engine, SearchStrategy.example
 
     @functools.wraps(init)
-    def __init__(self, stuff, test, settings, random, wrapped_test, **kw):  # noqa: N807
+    def __init__(self, stuff, test, settings, random, wrapped_test, **kw):
         run = None
         active = _ACTIVE
         if active is not None and threading.current_thread() is threading.main_thread():

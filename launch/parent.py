@@ -39,7 +39,14 @@ from typing import Any
 import pytest
 
 from launch.procs import WORLD_ID_ENV, end_world
-from launch.world import LOCAL_WORLD, LOG_ENV, PREFIX_ENV, SERVER_ENV, World, world_size_of
+from launch.world import (
+    LOCAL_WORLD,
+    LOG_ENV,
+    PREFIX_ENV,
+    SERVER_ENV,
+    World,
+    world_size_of,
+)
 
 START_ALLOWANCE = 300.0  # seconds for a world to start and collect (loaded CI machines)
 GRACE = 30.0  # seconds past a test's timeout before the parent kills its world

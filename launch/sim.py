@@ -206,7 +206,9 @@ class SimWorld:
     @staticmethod
     def _release(exc: BaseException) -> None:
         """Wake every rank waiting in a collective (they exit it with SimAbort)."""
-        from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
+        from torch.testing._internal.distributed.multi_threaded_pg import (
+            ProcessLocalGroup,
+        )
 
         ProcessLocalGroup.exception_handle(exc)
 
@@ -215,7 +217,9 @@ class SimWorld:
 
     def run(self, fn: Callable[[int], Any], timeout: float = 300.0) -> list[Outcome]:
         """``fn(rank)`` on every rank; each rank's outcome, in rank order."""
-        from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
+        from torch.testing._internal.distributed.multi_threaded_pg import (
+            ProcessLocalGroup,
+        )
 
         if self.broken:
             raise RuntimeError(f"simulated {self.n}-rank world is broken: {self.broken}")

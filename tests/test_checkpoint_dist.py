@@ -202,6 +202,7 @@ def test_numpy_is_declared_for_torchs_dcp() -> None:
     # torch's DCP decodes its object collectives with numpy, which torch does
     # not declare: README's install must bring it.
     import pathlib
+
     import tomllib
 
     pyproject = pathlib.Path(__file__).parents[1] / "pyproject.toml"

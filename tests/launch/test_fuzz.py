@@ -16,7 +16,7 @@ from launch.fuzz.live import rows
 from launch.fuzz.probe import ArcTracer, classify
 from launch.fuzz.replay import from_lockstep, replay_line, replay_seed, replay_settings
 from launch.fuzz.scheduler import Scheduler
-from launch.fuzz.session import Failure, Session, parse_failure
+from launch.fuzz.session import Session, parse_failure
 
 A, B, C = "t.py::a", "t.py::b", "t.py::c"
 

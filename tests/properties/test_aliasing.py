@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-import torch
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
