@@ -13,15 +13,16 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from dtensor import _comm
 from dtensor.errors import MeshAxisError, MeshError
 
-if TYPE_CHECKING:
-    from dtensor.mesh import DeviceMesh
+# A dtensor.mesh.DeviceMesh: this module sits below dtensor.mesh and never
+# imports it, not even for type checking (the class is handed in where needed).
+_Mesh = Any
 
 __all__ = [
     "check_device_type",
@@ -55,7 +56,7 @@ def init_device_mesh(
     mesh_shape: Sequence[int],
     *,
     mesh_dim_names: Sequence[str] | None = None,
-) -> DeviceMesh:
+) -> _Mesh:
     """See ``dtensor.mesh.init_device_mesh``."""
     if isinstance(mesh_shape, int):
         mesh_shape = (mesh_shape,)
@@ -102,7 +103,7 @@ def from_group(
     mesh: Sequence | torch.Tensor | None = None,
     *,
     mesh_dim_names: Sequence[str] | None = None,
-) -> DeviceMesh:
+) -> _Mesh:
     """See ``DeviceMesh.from_group``."""
     what = "DeviceMesh.from_group"
     groups = list(group) if isinstance(group, (list, tuple)) else [group]
@@ -134,11 +135,11 @@ def from_group(
 
 
 # Selecting and flattening axes ---------------------------------------------------
-def _root_axes(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
+def _root_axes(mesh: _Mesh) -> tuple[tuple[int, ...], ...]:
     return mesh._root_axes or tuple((a,) for a in range(mesh.ndim))
 
 
-def _resolve(mesh: DeviceMesh, name) -> tuple[int, ...]:
+def _resolve(mesh: _Mesh, name) -> tuple[int, ...]:
     """The axes of ``mesh`` that ``name`` (an axis or a flattened name) covers."""
     if not isinstance(name, str) or (mesh.mesh_dim_names and name in mesh.mesh_dim_names):
         return (mesh._axis(name),)
@@ -160,7 +161,7 @@ def _resolve(mesh: DeviceMesh, name) -> tuple[int, ...]:
     raise MeshAxisError(f"mesh has no axis named {name!r}; its axes are {known}")
 
 
-def select(mesh: DeviceMesh, names) -> DeviceMesh:
+def select(mesh: _Mesh, names) -> _Mesh:
     """``mesh[names]``: the sub-mesh over named axes that holds this rank.
 
     A flattened name stands for the axes it merged. On a rank outside the
@@ -196,7 +197,7 @@ def select(mesh: DeviceMesh, names) -> DeviceMesh:
     )
 
 
-def flatten(mesh: DeviceMesh, name: str | None = None) -> DeviceMesh:
+def flatten(mesh: _Mesh, name: str | None = None) -> _Mesh:
     """See ``DeviceMesh.flatten``."""
     if name is None:
         if not mesh.mesh_dim_names:
@@ -308,10 +309,10 @@ def check_device_type(device_type, what: str) -> None:
 
 
 # Rebuilding a mesh from its pickle or from compiled code ----------------------------
-fx_meshes: dict[tuple, DeviceMesh] = {}  # NOTE: process lifetime, see __fx_repr__
+fx_meshes: dict[tuple, _Mesh] = {}  # NOTE: process lifetime, see __fx_repr__
 
 
-def mesh_from_fx(cls, device_type, ranks, shape, mesh_dim_names, rank, world) -> DeviceMesh:
+def mesh_from_fx(cls, device_type, ranks, shape, mesh_dim_names, rank, world) -> _Mesh:
     """The mesh ``DeviceMesh.__fx_repr__`` wrote, in this process."""
     key = (device_type, ranks, shape, mesh_dim_names, rank, world)
     mesh = fx_meshes.get(key)
@@ -330,6 +331,6 @@ def mesh_from_fx(cls, device_type, ranks, shape, mesh_dim_names, rank, world) ->
     return fx_meshes.setdefault(key, mesh)
 
 
-def unpickle_mesh(cls, device_type, ranks, shape, mesh_dim_names) -> DeviceMesh:
+def unpickle_mesh(cls, device_type, ranks, shape, mesh_dim_names) -> _Mesh:
     grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
     return cls(device_type, grid, mesh_dim_names=mesh_dim_names)

@@ -10,7 +10,6 @@ passes its class).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,9 +18,6 @@ from dtensor.placement import Partial, Placement, partial_to_replicate
 from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec
-
-if TYPE_CHECKING:
-    from dtensor.tensor import DTensor
 
 __all__ = ["_FromLocal", "_Redistribute", "_ToLocal", "grad_placements", "redistribute_cast"]
 
@@ -52,7 +48,7 @@ def _partial_scale(src: DTensorSpec) -> int:
     return scale
 
 
-def _redistribute_grad(grad, target: DTensorSpec, cls: type) -> DTensor:
+def _redistribute_grad(grad, target: DTensorSpec, cls: type) -> torch.Tensor:
     """The gradient (same global value) laid out like ``target``, partials replicated."""
     if not isinstance(grad, cls):
         raise ShardingError("redistribute backward: expected a DTensor gradient")
@@ -68,7 +64,7 @@ class _Redistribute(torch.autograd.Function):
     """Change layout in forward; move the gradient back to the source layout in backward."""
 
     @staticmethod
-    def forward(ctx, x: DTensor, dst: DTensorSpec):
+    def forward(ctx, x: torch.Tensor, dst: DTensorSpec):
         ctx.src = x._spec
         ctx.cls = type(x)
         return ctx.cls(redistribute_local(x._local_tensor, x._spec, dst), dst)
@@ -96,7 +92,7 @@ class _FromLocal(torch.autograd.Function):
         return cls(local.view_as(local), spec)
 
     @staticmethod
-    def backward(ctx, grad: DTensor):
+    def backward(ctx, grad: torch.Tensor):
         # The gradient of a partial piece: the global gradient, divided by the
         # number of pieces for an average.
         local = _redistribute_grad(grad, ctx.spec, ctx.cls)._local_tensor
@@ -108,7 +104,7 @@ class _ToLocal(torch.autograd.Function):
     """Unwrap in forward; wrap the local gradient with ``grad_placements`` in backward."""
 
     @staticmethod
-    def forward(ctx, x: DTensor, grad_spec: DTensorSpec):
+    def forward(ctx, x: torch.Tensor, grad_spec: DTensorSpec):
         ctx.grad_spec = grad_spec
         ctx.cls = type(x)
         return x._local_tensor.view_as(x._local_tensor)
