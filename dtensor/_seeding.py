@@ -39,7 +39,7 @@ from . import _comm
 from . import random as rng
 from .errors import ShardingError
 
-__all__ = ["SeedMismatchError", "install_torch_hooks", "take"]
+__all__ = ["SeedMismatchError", "exchange_among", "install_torch_hooks", "take"]
 
 # How long the first draw after a reseed waits for the other members' seeds.
 _CHECK_TIMEOUT_S = float(os.environ.get("DTENSOR_SEED_CHECK_TIMEOUT", "120"))
@@ -57,7 +57,7 @@ class _WorldRecord:
     def __init__(self) -> None:
         self.defaults: dict[int, int] = {}  # generation -> agreed default seed
         self.checked: dict[object, int] = {}  # mesh -> epoch last checked
-        self.checks: dict[tuple[int, ...], int] = {}  # mesh ranks -> checks so far
+        self.checks: dict[tuple, int] = {}  # (mesh ranks) or (topic, *ranks) -> calls so far
 
 
 # id(default group) -> (default group, record); holding the group keeps its
@@ -186,6 +186,25 @@ def _store_works(store) -> bool:
             ok = False
         entry = _store_ok[id(store)] = (store, ok)
     return entry[1]
+
+
+def exchange_among(mesh, topic: str, value: str, timeout_s: float = _CHECK_TIMEOUT_S):
+    """Each member of ``mesh`` publishes ``value`` and gets every member's, in
+    mesh order, through the store (no collective); ``None`` where there is
+    nothing to exchange (no world, a one-rank mesh, a rank outside it).
+
+    Members must call it together, once per ``topic`` and mesh each time
+    (calls are numbered per world, topic and mesh ranks). Raises
+    ``TimeoutError`` naming the members that never published.
+    """
+    w = _world()
+    if w is None or mesh.get_coordinate() is None or len(mesh.ranks) == 1:
+        return None
+    ranks = mesh.ranks
+    n = w.checks.get((topic, *ranks), 0)
+    w.checks[(topic, *ranks)] = n + 1
+    key = f"dtensor/{topic}/{','.join(map(str, ranks))}/{n}"
+    return _store_exchange(key, value, ranks, timeout_s)
 
 
 # torch's seeding functions -------------------------------------------------

@@ -2,19 +2,22 @@
 
 The whole plan is resolved and checked before any parameter moves, so a
 wrong entry (a name matching no submodule, a style on a module type it cannot
-shard) raises the same error on every rank before any communication.
+shard) raises the same error on every rank before any communication; the
+members compare their plans' outcomes through the store first, so a plan that
+fails or differs on one rank raises a ``PlanError`` on every member too.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import warnings
 from fnmatch import fnmatch
 
 import torch
 from torch import nn
 
-from dtensor import _comm
+from dtensor import _comm, _seeding
 from dtensor.mesh import DeviceMesh
 from dtensor.parallel.errors import PlanError
 from dtensor.parallel.style import ParallelStyle
@@ -67,9 +70,16 @@ def parallelize_module(
             stacklevel=2,
         )
         return module
-    targets = _resolve(module, parallelize_plan)
-    for fqn, sub, style in targets:
-        style._check(sub, fqn)
+    try:
+        targets = _resolve(module, parallelize_plan)
+        for fqn, sub, style in targets:
+            style._check(sub, fqn)
+    except Exception as e:
+        _agree_on_plan(mesh, f"error: {type(e).__name__}: {e}")
+        raise
+    _agree_on_plan(mesh, "plan: " + hashlib.sha1(
+        repr([(fqn, type(sub).__name__, _describe(style)) for fqn, sub, style in targets])
+        .encode()).hexdigest()[:16])
     sources = _receive_sources([sub for _, sub, _ in targets], mesh, src_data_rank)
     for _fqn, sub, style in targets:
         # A copy, so a style object shared by several entries or plans keeps its own
@@ -79,6 +89,42 @@ def parallelize_module(
         style._sources = sources
         style._apply(sub, mesh)
     return module
+
+
+def _describe(style: ParallelStyle) -> str:
+    """What a style does, equal on every rank given the same plan (a style
+    without a ``__repr__`` of its own: its class; its address differs)."""
+    r = repr(style)
+    return f"{type(style).__module__}.{type(style).__qualname__}" if " at 0x" in r else r
+
+
+def _agree_on_plan(mesh: DeviceMesh, outcome: str) -> None:
+    """The members' plan outcomes must match before any parameter moves.
+
+    Compared through the store, not a collective: a rank whose plan raised
+    (or differs) would otherwise leave the others in the parameters'
+    broadcast, which then fails with a transport error instead of the plan
+    error. Every member raises the same ``PlanError``, naming the ranks.
+    """
+    try:
+        got = _seeding.exchange_among(mesh, "plan", outcome)
+    except TimeoutError as e:
+        raise PlanError(f"parallelize_module on {mesh}: not every member of the mesh "
+                        f"called it ({e}); call it on every rank of the mesh") from None
+    if got is None or len(set(got)) == 1:
+        return
+    ranks = mesh.ranks
+    errors = [(r, v) for r, v in zip(ranks, got, strict=True) if v.startswith("error: ")]
+    if errors:
+        r, v = errors[0]
+        raise PlanError(f"parallelize_module on {mesh}: the plan failed on rank(s) "
+                        f"{[r for r, _ in errors]}; rank {r}: {v.removeprefix('error: ')}")
+    groups: dict[str, list[int]] = {}
+    for r, v in zip(ranks, got, strict=True):
+        groups.setdefault(v, []).append(r)
+    raise PlanError(f"parallelize_module on {mesh}: the ranks were given different plans "
+                    f"(ranks grouped by plan: {sorted(groups.values())}); give every rank "
+                    "the same plan for the same module")
 
 
 def _receive_sources(subs: list[nn.Module], mesh: DeviceMesh, src_data_rank) -> dict | None:
