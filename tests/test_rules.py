@@ -235,10 +235,49 @@ class _Record(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _optimizer_clip_and_norm_calls() -> None:
+    """What tests/test_optim_dist.py (SGD/Adam/AdamW steps, foreach and fused;
+    clip_grad_norm_ with norm types 2, 1, inf; clip_grad_value_;
+    get_total_norm) and tests/test_norms_dist.py (vector norms, Tensor.norm,
+    torch.norm with dim) run on DTensors, here on plain tensors."""
+    import math
+
+    from torch import nn
+
+    def params():
+        ps = [torch.randn(4, 3, requires_grad=True), torch.randn(5, requires_grad=True)]
+        sum((p * p).sum() for p in ps).backward()
+        return ps
+
+    makers = (
+        lambda ps, **kw: torch.optim.SGD(ps, lr=0.1, momentum=0.9, **kw),
+        lambda ps, **kw: torch.optim.Adam(ps, lr=0.05, **kw),
+        lambda ps, **kw: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1, **kw),
+        lambda ps, **kw: torch.optim.AdamW(ps, lr=0.05, amsgrad=True, **kw),
+    )
+    for kw in ({"foreach": True}, {"fused": True}):
+        for make in makers:
+            ps = params()
+            opt = make(ps, **kw)
+            opt.step()
+            opt.step()
+    for norm_type in (2.0, 1.0, math.inf):
+        ps = params()
+        nn.utils.clip_grad_norm_(ps, 0.01, norm_type=norm_type, foreach=True)
+    nn.utils.clip_grad_value_(ps, 0.1, foreach=True)
+    nn.utils.get_total_norm([p.grad for p in ps])
+    x = torch.randn(6, 4)
+    torch.linalg.vector_norm(x, 2, (0,), False)
+    x.norm(1)
+    torch.norm(x, dim=1)
+
+
 def _ops_run_by_the_distributed_tests() -> set:
-    """Overloads reached by tests/test_ops_dist.py's table rows (forward) and
-    tests/test_models_dist.py's training steps (forward and backward), run on
-    plain tensors: composite ops decompose alike for plain tensors and DTensors."""
+    """Overloads reached by tests/test_ops_dist.py's table rows (forward),
+    tests/test_models_dist.py's training steps (forward and backward), and the
+    optimizer, clipping and norm tests (``_optimizer_clip_and_norm_calls``),
+    run on plain tensors: composite ops decompose alike for plain tensors and
+    DTensors."""
     spec_ = importlib.util.spec_from_file_location(
         "_models", pathlib.Path(__file__).with_name("test_models_dist.py"))
     models = importlib.util.module_from_spec(spec_)
@@ -254,6 +293,7 @@ def _ops_run_by_the_distributed_tests() -> set:
             init, batches = make()
             params = {k: v.clone().requires_grad_() for k, v in init.items()}
             forward({**params, **extra}, *batches[0]).backward()
+        _optimizer_clip_and_norm_calls()
     return rec.seen
 
 

@@ -134,24 +134,20 @@ def foreach_rule(call):
     return Sharding(tuple(want), tuple(outs), shapes=tuple(shapes))
 
 
+# The pointwise foreach ops that torch.optim (SGD, Adam, AdamW: foreach and
+# capturable paths, amsgrad, weight decay, momentum) and clip_grad_norm_ /
+# clip_grad_value_ call, each run by a distributed test against single device
+# (tests/test_optim_dist.py; tests/test_rules.py checks it). Other _foreach_*
+# ops keep the replicate fallback (correct; it gathers) until they get a test.
+_OPTIM_PACKETS = (
+    "_foreach_add_", "_foreach_addcdiv_", "_foreach_addcmul_", "_foreach_clamp_max_",
+    "_foreach_clamp_min_", "_foreach_div_", "_foreach_lerp_", "_foreach_maximum_",
+    "_foreach_mul_", "_foreach_sqrt",
+)
+
+
 def _pointwise_foreach_packets():
-    names = sorted({
-        s.name.split("::")[1]
-        for s in torch._C._jit_get_all_schemas()
-        if s.name.startswith("aten::_foreach_")
-    })
-    out = []
-    for name in names:
-        base = name.removeprefix("_foreach_")
-        if base in ("norm", "max", "mm", "powsum"):
-            continue
-        packet = getattr(aten, base, None)
-        if base.rstrip("_") in ("copy", "zero", "abs", "maximum", "minimum") or (
-            packet is not None
-            and any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
-        ):
-            out.append(getattr(aten, name))
-    return out
+    return [getattr(aten, name) for name in _OPTIM_PACKETS]
 
 
 # Fused optimizer kernels are elementwise over the same columns (params,

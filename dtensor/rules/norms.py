@@ -95,12 +95,10 @@ def _reduced(spec, dims) -> tuple[int, ...]:
 
 
 # Argument names per overload: (ord, dim, keepdim, dtype); None where absent.
+# torch.norm and Tensor.norm of a DTensor reach linalg_vector_norm (the
+# aten.norm.* overloads keep the replicate fallback until a test reaches them).
 _NAMES = {
     aten.linalg_vector_norm.default: ("ord", "dim", "keepdim", "dtype"),
-    aten.norm.Scalar: ("p", None, None, None),
-    aten.norm.ScalarOpt_dtype: ("p", None, None, "dtype"),
-    aten.norm.ScalarOpt_dim: ("p", "dim", "keepdim", None),
-    aten.norm.ScalarOpt_dim_dtype: ("p", "dim", "keepdim", "dtype"),
 }
 
 
