@@ -159,32 +159,12 @@ def group_for(ranks: Sequence[int]):
     with _groups_lock:
         entry = _groups.get(id(world))
         if entry is None or entry[0] is not world:
-            _drop_gone_worlds()
             entry = _groups[id(world)] = (world, {}, threading.Lock())
     with entry[2]:
         group = entry[1].get(ranks)
         if group is None:
             group = entry[1][ranks] = _create_group(ranks)
     return group
-
-
-_on_world_gone: list = []  # callbacks: dispatch drops plans holding gone worlds' meshes
-
-
-def on_world_gone(callback) -> None:
-    """Call ``callback()`` when a world this module cached groups for is found
-    destroyed (checked as a new world sets up its first group)."""
-    _on_world_gone.append(callback)
-
-
-def _drop_gone_worlds() -> None:
-    live = dist.distributed_c10d._world.pg_map
-    gone = [k for k, (pg, *_rest) in _groups.items() if pg not in live]
-    for k in gone:
-        del _groups[k]
-    if gone:
-        for callback in _on_world_gone:
-            callback()
 
 
 def group_name_for(ranks: Sequence[int]) -> str:

@@ -14,20 +14,16 @@ then each keyword and its value's key.
 Nothing here is per rank or per world: a spec's mesh carries its rank and
 world in its identity, so a plan, and the fast form it carries, is a function
 of its key, and ranks that share a process (threads of a simulated world)
-share the table safely. A gone world's plans are never served again, and
-they are dropped (with everything else: plans are cheap to make again) when
-the next world sets up and ``dtensor._comm`` finds the old one destroyed, so
-they do not keep its groups alive.
+share the table safely. A gone world's plans are never served again; they
+stay until the table fills.
 
 ``forget`` is the one way anything is dropped: ``register_rule`` calls it
-for the ops it changes (through ``sharding.on_register``), and the end of a
-world calls it with no argument, which drops everything
-(``dtensor.dispatch.forget()``).
+for the ops it changes (through ``sharding.on_register``); with no argument
+it drops everything (``dtensor.dispatch.forget()``).
 """
 
 from __future__ import annotations
 
-from dtensor import _comm
 from dtensor.dispatch.op import OpInfo, describe
 from dtensor.sharding import on_register
 
@@ -68,4 +64,3 @@ def forget(ops: frozenset | None = None) -> None:
 
 
 on_register(forget)
-_comm.on_world_gone(forget)
