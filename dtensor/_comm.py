@@ -167,6 +167,34 @@ def group_for(ranks: Sequence[int]):
     return group
 
 
+_on_world_end: list = []  # callbacks: dispatch drops plans that hold the world's meshes
+on_world_end = _on_world_end.append  # callback() after dist.destroy_process_group()
+
+
+def _wrap_destroy(destroy):
+    def destroy_process_group(group=None):
+        target = group if group is not None else dist.distributed_c10d._world.default_pg
+        destroy(group)
+        with _groups_lock:
+            for key in [k for k, e in _groups.items()
+                        if e[0] is target or any(g is target for g in e[1].values())]:
+                del _groups[key]
+        for callback in _on_world_end:
+            callback()
+
+    destroy_process_group.__wrapped__, destroy_process_group._dtensor_hook = destroy, True
+    destroy_process_group.__doc__ = destroy.__doc__
+    return destroy_process_group
+
+
+# A world's end goes through here (not a guess from c10d's registry: the test
+# service's sub-worlds swap live worlds out of it), so nothing keeps a
+# destroyed world's groups alive through cached plans and meshes.
+if not getattr(dist.destroy_process_group, "_dtensor_hook", False):
+    dist.destroy_process_group = _wrap_destroy(dist.destroy_process_group)
+    dist.distributed_c10d.destroy_process_group = dist.destroy_process_group
+
+
 def group_name_for(ranks: Sequence[int]) -> str:
     """The deterministic name ``group_for(ranks)`` registers (non-world groups)."""
     return f"dtensor:{world_tag()}:" + "_".join(str(int(r)) for r in ranks)

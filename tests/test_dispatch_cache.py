@@ -414,3 +414,42 @@ def test_registering_a_rule_replaces_what_dispatch_cached_for_the_op() -> None:
     register_rule(torch.ops.dtensor_cache_test.twice)(outputs((Partial("avg"),)))
     assert op(x).placements == (Replicate(),)
     torch.testing.assert_close(op(x).to_local(), torch.arange(4.0) * 2)
+
+
+_WORLD_GONE = """
+import tempfile, torch, torch.distributed as dist
+def world():
+    dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1),
+                            rank=0, world_size=1)
+world()
+import dtensor
+from dtensor import _comm
+from dtensor.dispatch import cache
+mesh = dtensor.DeviceMesh("cpu", [0])
+x = dtensor.distribute_tensor(torch.ones(4), mesh, [dtensor.Replicate()])
+_ = x + x
+_comm.group_for((0,))
+assert cache.TABLE, "no plan was cached"
+assert len(_comm._groups) == 1, _comm._groups
+dist.destroy_process_group()  # the world ends: its plans and groups go
+assert not cache.TABLE, f"plans of the destroyed world kept: {len(cache.TABLE)}"
+assert not _comm._groups, _comm._groups
+world()
+y = dtensor.distribute_tensor(torch.ones(4), dtensor.DeviceMesh("cpu", [0]), [dtensor.Replicate()])
+assert torch.equal((y + y).to_local(), torch.full((4,), 2.0))
+print("OK")
+"""
+
+
+def test_a_destroyed_worlds_plans_and_groups_are_forgotten() -> None:
+    """World lifetime goes through the one invalidation path (cache.forget):
+    plans hold meshes, meshes hold their world's groups."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.run([sys.executable, "-c", _WORLD_GONE], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]

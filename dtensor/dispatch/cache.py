@@ -14,16 +14,19 @@ then each keyword and its value's key.
 Nothing here is per rank or per world: a spec's mesh carries its rank and
 world in its identity, so a plan, and the fast form it carries, is a function
 of its key, and ranks that share a process (threads of a simulated world)
-share the table safely. A gone world's plans are never served again; they
-stay until the table fills.
+share the table safely. A gone world's plans are never served again, and
+``dist.destroy_process_group()`` drops them (with everything else: plans are
+cheap to make again), so they do not keep its groups alive.
 
 ``forget`` is the one way anything is dropped: ``register_rule`` calls it
-for the ops it changes (through ``sharding.on_register``); with no argument
-it drops everything (``dtensor.dispatch.forget()``).
+for the ops it changes (through ``sharding.on_register``), and the end of a
+world (``dtensor._comm.on_world_end``) calls it with no argument, which drops
+everything (``dtensor.dispatch.forget()``).
 """
 
 from __future__ import annotations
 
+from dtensor import _comm
 from dtensor.dispatch.op import OpInfo, describe
 from dtensor.sharding import on_register
 
@@ -64,3 +67,4 @@ def forget(ops: frozenset | None = None) -> None:
 
 
 on_register(forget)
+_comm.on_world_end(forget)
