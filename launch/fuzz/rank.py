@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from launch.fuzz.nodedb import per_node
 from launch.fuzz.probe import ArcTracer, Probe
 from launch.fuzz.replay import from_lockstep
 from launch.fuzz.scheduler import Scheduler
@@ -118,16 +119,12 @@ class FuzzLoop:
 
     # -- one slice, on every rank -------------------------------------------------
     def _slice(self, k: int, item: pytest.Item, n: int) -> bool:
-        from hypothesis import Phase, settings
-
         from launch.world import world_size_of
 
         fn = getattr(item.obj, "__func__", item.obj)
         handle = fn.hypothesis
         saved = (fn._hypothesis_internal_use_settings, handle.inner_test)
-        fn._hypothesis_internal_use_settings = settings(
-            saved[0], max_examples=n, database=self.db, derandomize=False, deadline=None,
-            phases=[p for p in Phase if p != Phase.explain])
+        fn._hypothesis_internal_use_settings = slice_settings(saved[0], self.db, item.nodeid, n)
         given = set(getattr(handle, "_given_kwargs", {}) or {})
         op = _param_id(item)
         self.probe.begin(item.nodeid, k, op)
@@ -212,6 +209,16 @@ class FuzzLoop:
     def _save(self) -> None:
         self.state.props = self.sched.dump()
         self.state.save(self.dir / "state.json")
+
+
+def slice_settings(current: Any, db: Any, nodeid: str, n: int) -> Any:
+    """One slice of ``nodeid``: ``n`` examples from a fresh seed, no explain
+    phase, and the session database in ``nodeid``'s own namespace (variants of
+    one test share Hypothesis' key; see ``launch.fuzz.nodedb``)."""
+    from hypothesis import Phase, settings
+
+    return settings(current, max_examples=n, database=per_node(db, nodeid), derandomize=False,
+                    deadline=None, phases=[p for p in Phase if p != Phase.explain])
 
 
 def _param_id(item: pytest.Item) -> str:

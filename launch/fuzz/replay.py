@@ -5,9 +5,11 @@ database of fuzzing failures exists (``--fuzz-db PATH``, env
 ``LAUNCH_FUZZ_DB``, default ``<rootdir>/.fuzz-db`` when that folder exists),
 it
 
-- gives each ``@given`` test with stored examples that database, read-only,
-  so it replays them in Hypothesis' reuse phase, before any generated
-  example (other tests are left as they are);
+- gives each ``@given`` test with stored examples that database, read-only
+  and seen through the test's node id (``launch.fuzz.nodedb``: the fuzzer
+  stores each parametrization apart), so it replays them in Hypothesis'
+  reuse phase, before any generated example (other tests are left as they
+  are);
 - moves the tests that have stored examples to the front of the run, so
   a CI run fails on a stored failure first.
 
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from launch.fuzz.nodedb import per_node
 
 DEFAULT_DB = ".fuzz-db"
 ENV = "LAUNCH_FUZZ_DB"
@@ -97,8 +101,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEY] = path
 
 
-def replay_settings(current: Any, path: Path | str) -> Any:
-    """``current`` plus the read-only database at ``path``.
+def replay_settings(current: Any, path: Path | str, nodeid: str) -> Any:
+    """``current`` plus the read-only database at ``path``, in ``nodeid``'s
+    namespace (where the fuzzing session stored that test's examples).
 
     NOTE: Hypothesis treats ``derandomize=True`` (the ``ci`` profile) as
     "no database", so a test with stored examples runs with
@@ -108,7 +113,7 @@ def replay_settings(current: Any, path: Path | str) -> Any:
     from hypothesis import settings
     from hypothesis.database import MultiplexedDatabase
 
-    fuzz = database(path)
+    fuzz = per_node(database(path), nodeid)
     own = None if current.derandomize else current.database
     db = fuzz if own is None else MultiplexedDatabase(own, fuzz)
     return settings(current, derandomize=False, database=db)
@@ -151,7 +156,8 @@ def stored(items: list[pytest.Item], path: Path | str) -> set[str]:
         fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if not getattr(fn, "is_hypothesis_test", False):
             continue
-        if any(next(iter(db.fetch(k)), None) is not None for k in keys_of(item)):
+        mine = per_node(db, item.nodeid)
+        if any(next(iter(mine.fetch(k)), None) is not None for k in keys_of(item)):
             out.add(item.nodeid)
     return out
 
@@ -164,11 +170,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     first = stored(items, path)
     for item in items:
         if item.nodeid in first:
+            item.stash[_REPLAY] = path
             fn = getattr(item.obj, "__func__", item.obj)
-            fn._hypothesis_internal_use_settings = replay_settings(
-                fn._hypothesis_internal_use_settings, path)
             if fn._hypothesis_internal_use_seed is None:
                 fn._hypothesis_internal_use_seed = replay_seed(item.obj.hypothesis.inner_test)
     if first:
         items[:] = [i for i in items if i.nodeid in first] + [
             i for i in items if i.nodeid not in first]
+
+
+# NOTE: the settings go on per item at setup, not at collection: the variants
+# of a parametrized test share one function object, and each must read its
+# own namespace. Setup runs before any runtest_call wrapper (the lockstep
+# plugin's mirrors this database from rank 0 to the other ranks).
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    path = item.stash.get(_REPLAY, None)
+    if path is None:
+        return
+    fn = getattr(item.obj, "__func__", item.obj)
+    item.stash[_SAVED] = fn._hypothesis_internal_use_settings
+    fn._hypothesis_internal_use_settings = replay_settings(
+        fn._hypothesis_internal_use_settings, path, item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    try:
+        return (yield)
+    finally:
+        saved = item.stash.get(_SAVED, None)
+        if saved is not None:
+            fn = getattr(item.obj, "__func__", item.obj)
+            fn._hypothesis_internal_use_settings = saved
+            del item.stash[_SAVED]
+
+
+_REPLAY = pytest.StashKey["Path | str"]()
+_SAVED = pytest.StashKey[Any]()

@@ -1,5 +1,6 @@
 """Covers: launch/fuzz/scheduler.py, session.py, report.py, live.py, probe.py,
-replay.py (pure parts; no process worlds, runs in seconds)."""
+replay.py, nodedb.py, rank.py's slice settings (pure parts; no process
+worlds, runs in seconds)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from launch.fuzz import report
 from launch.fuzz.live import rows
+from launch.fuzz.nodedb import per_node
 from launch.fuzz.probe import ArcTracer, classify
+from launch.fuzz.rank import slice_settings
 from launch.fuzz.replay import from_lockstep, replay_line, replay_seed, replay_settings
 from launch.fuzz.scheduler import Scheduler
 from launch.fuzz.session import Session, parse_failure
@@ -249,6 +252,9 @@ def test_arc_tracer_records_only_the_package(tmp_path):
 
 
 # -- database round trip ------------------------------------------------------------------
+NODE, NODE2 = "tests/p.py::test_x[4ranks]", "tests/p.py::test_x[2ranks]"
+
+
 def test_a_failure_saved_by_a_fuzz_run_is_replayed_first_by_a_ci_run(tmp_path):
     """Hypothesis' database API: a fuzzing run (random seed, writable
     database) stores the shrunk failure; a ``ci``-like run (derandomized, the
@@ -269,15 +275,14 @@ def test_a_failure_saved_by_a_fuzz_run_is_replayed_first_by_a_ci_run(tmp_path):
 
         return given(st.integers(0, 1000))(s(body))
 
-    fuzz = settings(database=DirectoryBasedExampleDatabase(str(path)), max_examples=1000,
-                    derandomize=False, deadline=None)
+    fuzz = slice_settings(settings(), DirectoryBasedExampleDatabase(str(path)), NODE, 1000)
     with pytest.raises(AssertionError):
         make(fuzz)()
     assert calls[-1] == 500 and any(path.iterdir())  # shrunk, then stored
     ci = settings(derandomize=True, database=None, max_examples=25, deadline=None)
     for _ in range(2):  # read-only: the example is still there for the next run
         calls.clear()
-        test = make(replay_settings(ci, path))
+        test = make(replay_settings(ci, path, NODE))
         test._hypothesis_internal_use_seed = replay_seed(test.hypothesis.inner_test)
         with pytest.raises(AssertionError):
             test()
@@ -286,3 +291,57 @@ def test_a_failure_saved_by_a_fuzz_run_is_replayed_first_by_a_ci_run(tmp_path):
     with pytest.raises(AssertionError):
         make(ci)()
     assert calls[0] != 500  # without the database, ci starts elsewhere
+
+
+def test_the_database_keeps_each_node_id_apart(tmp_path):
+    db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
+    per_node(db, NODE).save(b"k", b"v4")
+    per_node(db, NODE2).save(b"k", b"v2")
+    assert set(per_node(db, NODE).fetch(b"k")) == {b"v4"}
+    per_node(db, NODE2).delete(b"k", b"v2")
+    per_node(db, NODE).move(b"k", b"k.secondary", b"v4")
+    assert set(per_node(db, NODE2).fetch(b"k")) == set()
+    assert set(per_node(db, NODE).fetch(b"k.secondary")) == {b"v4"}
+    assert set(db.fetch(b"k.secondary")) == set()  # never under the bare key
+    assert per_node(None, NODE) is None
+
+
+def test_a_variant_sharing_the_hypothesis_key_does_not_erase_anothers_failure(tmp_path):
+    """The property suite's ``[2ranks]``/``[4ranks]`` variants come from
+    ``pytest_generate_tests``, so Hypothesis gives them one database key. A
+    fuzzing slice of ``[2ranks]`` after ``[4ranks]`` stored a failure must not
+    replay it (it passes on 2 ranks and Hypothesis deletes it as stale): the
+    next ``ci`` run of ``[4ranks]`` replays it first."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # Under torchrun every @given in a test runs in lockstep and only
+        # rank 0 writes the database: a single-process round trip.
+        pytest.skip("single-process database round trip; run it with plain pytest")
+    path = tmp_path / "db"
+    db = DirectoryBasedExampleDatabase(str(path))
+    calls: list[int] = []
+
+    def make(s: settings, ranks: int):  # one source: one Hypothesis key for both variants
+        def body(x: int) -> None:
+            calls.append(x)
+            assert not (ranks == 4 and x >= 500)
+
+        return given(st.integers(0, 1000))(s(body))
+
+    def fuzz_slice(nodeid: str, ranks: int):  # a fixed seed: the same examples every run
+        test = make(slice_settings(settings(), db, nodeid, 1000), ranks)
+        test._hypothesis_internal_use_seed = 0
+        return test
+
+    with pytest.raises(AssertionError):  # the session's [4ranks] slice finds and stores it
+        fuzz_slice(NODE, 4)()
+    assert calls[-1] == 500
+    calls.clear()
+    fuzz_slice(NODE2, 2)()  # a later [2ranks] slice passes
+    assert calls[0] != 500  # it did not replay [4ranks]' example
+    calls.clear()
+    ci = settings(derandomize=True, database=None, max_examples=25, deadline=None)
+    test = make(replay_settings(ci, path, NODE), 4)
+    test._hypothesis_internal_use_seed = replay_seed(test.hypothesis.inner_test)
+    with pytest.raises(AssertionError):
+        test()
+    assert calls[0] == 500  # still stored: the ci run replays it first
