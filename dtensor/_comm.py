@@ -53,13 +53,14 @@ _funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _tracing = torch.compiler.is_compiling
 
-# id(default group) -> (default group, {ranks: group}, lock). Holding the
-# default group keeps its id from being reused by a later world's group.
+# id(default group) -> (default group, {ranks: group}, lock, {ranks: times
+# destroyed}). Holding the default group keeps its id from being reused by a
+# later world's group.
 # Per world, since a rank's default group is its own: ranks sharing a
 # process (a simulated world, launch/sim*.py) each have theirs, and one
 # rank's group creation (a store barrier with its peers) must not hold a
 # lock the peers need to reach that barrier.
-_groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock]] = {}
+_groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock, Counter]] = {}
 _groups_lock = threading.Lock()
 # Listeners, each with the simulated rank that pushed it (None in a process
 # that is one rank): a rank counts only its own collectives.
@@ -161,11 +162,11 @@ def group_for(ranks: Sequence[int]):
     with _groups_lock:
         entry = _groups.get(id(world))
         if entry is None or entry[0] is not world:
-            entry = _groups[id(world)] = (world, {}, threading.Lock())
+            entry = _groups[id(world)] = (world, {}, threading.Lock(), Counter())
     with entry[2]:
         group = entry[1].get(ranks)
         if group is None:
-            group = entry[1][ranks] = _create_group(ranks)
+            group = entry[1][ranks] = _create_group(ranks, entry[3][ranks])
     return group
 
 
@@ -178,9 +179,17 @@ def _wrap_destroy(destroy):
         target = group if group is not None else dist.distributed_c10d._world.default_pg
         destroy(group)
         with _groups_lock:
-            for key in [k for k, e in _groups.items()
-                        if e[0] is target or any(g is target for g in e[1].values())]:
-                del _groups[key]
+            for key, (world, groups, _lock, destroyed) in list(_groups.items()):
+                if world is target:  # the world ended, and its groups with it
+                    del _groups[key]
+                    continue
+                # One group ended: forget only it. (Forgetting the world's
+                # others made the ranks that destroyed it re-create them by
+                # their still registered names and fail, while the other
+                # members went on into a collective and waited for good.)
+                for ranks in [r for r, g in groups.items() if g is target]:
+                    del groups[ranks]
+                    destroyed[ranks] += 1
         for callback in _on_world_end:
             callback()
 
@@ -215,19 +224,25 @@ def _end_world_at_exit() -> None:
 atexit.register(_end_world_at_exit)
 
 
-def group_name_for(ranks: Sequence[int]) -> str:
-    """The deterministic name ``group_for(ranks)`` registers (non-world groups)."""
-    return f"dtensor:{world_tag()}:" + "_".join(str(int(r)) for r in ranks)
+def group_name_for(ranks: Sequence[int], generation: int = 0) -> str:
+    """The deterministic name ``group_for(ranks)`` registers (non-world groups).
+
+    ``generation``: how many groups of these ranks this world destroyed. A
+    re-created group gets a new name, since Gloo's rendezvous would otherwise
+    find the destroyed group's addresses under the same keys of the store.
+    """
+    name = f"dtensor:{world_tag()}:" + "_".join(str(int(r)) for r in ranks)
+    return f"{name}~{generation}" if generation else name
 
 
-def _create_group(ranks: tuple[int, ...]):
+def _create_group(ranks: tuple[int, ...], generation: int = 0):
     me = dist.get_rank()
     if me not in ranks:
         raise AssertionError(f"rank {me} asked for group {ranks} it is not in")
     if ranks == tuple(range(dist.get_world_size())):
         return dist.group.WORLD
     c10d = dist.distributed_c10d
-    name = group_name_for(ranks)
+    name = group_name_for(ranks, generation)
     try:
         group, _ = c10d._new_process_group_helper(
             len(ranks),

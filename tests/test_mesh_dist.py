@@ -217,3 +217,41 @@ def test_cuda_mesh_on_a_cpu_only_machine_is_our_error_on_every_rank(world) -> No
         DeviceMesh("cuda:0", [0, 1])
     with pytest.raises(MeshError, match="unknown device_type 'tpu'"):
         DeviceMesh("tpu", [0, 1])
+
+
+@pytest.mark.world_size(4)
+@pytest.mark.dist_timeout(120)
+def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
+    # Ranks 0-1 destroy the group of a mesh only they use. They must keep the
+    # world's other groups: forgetting them made the rebuilt 2x2 mesh below
+    # re-create its groups by their (still registered) names on ranks 0-1
+    # (c10d: "group name has already been created") while ranks 2-3, who kept
+    # theirs, went on into the next collective and waited there for good: the
+    # shape of the torchrun hang of the flatten property (issue 25).
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    before = mesh.get_all_groups()
+    if world.rank in (0, 1):
+        pair = DeviceMesh("cpu", [1, 0])  # a group no other mesh here uses
+        dist.destroy_process_group(pair.get_group())
+    try:
+        again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
+        problem = None if all(same) else f"groups per axis reused: {same}"
+    except Exception as e:  # noqa: BLE001 - every rank must reach the vote below
+        problem = repr(e)
+    # Vote before any collective on the rebuilt mesh, so a failure on some
+    # ranks fails every rank instead of hanging the others.
+    votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(votes, torch.tensor([float(problem is not None)]))
+    bad = [r for r, v in enumerate(votes) if v.item()]
+    assert not bad, (f"rebuilding the 2x2 mesh after ranks 0-1 destroyed their pair group "
+                     f"failed on ranks {bad}; here (rank {world.rank}): {problem}")
+    x = distribute_tensor(torch.arange(8.0), again["dp", "tp"]._flatten("dp_tp"), [Shard(0)])
+    assert torch.equal(x.full_tensor(), torch.arange(8.0))
+    if world.rank in (0, 1):
+        # The destroyed group's ranks get a new, working group (a fresh name:
+        # Gloo would otherwise meet the old group's addresses in the store).
+        pair = DeviceMesh("cpu", [1, 0])
+        t = torch.tensor([float(world.rank + 1)])
+        dist.all_reduce(t, group=pair.get_group())
+        assert t.item() == 3.0
