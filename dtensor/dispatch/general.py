@@ -24,6 +24,7 @@ from dtensor.dispatch.op import ALIAS, INPLACE_VIEW
 from dtensor.dispatch.propagate import Plan, propagate
 from dtensor.dispatch.wrap import wrap
 from dtensor.errors import UnsupportedOpError
+from dtensor.placement import format_placements
 
 __all__ = ["general", "planned"]
 
@@ -44,15 +45,21 @@ def general(func, args: tuple, kwargs: dict, key):
             return _inplace_view(info, args, kwargs, key)
         return special(func, args, kwargs)  # a random op: never cached
     call = Call(func, args, kwargs)
+    plan = _new_plan(call, info, key)
+    return _same_spec(run(call, plan, info), args)
+
+
+def _new_plan(call: Call, info, key) -> Plan:
+    """Propagate ``call`` and remember its plan (with its fast form) under ``key``."""
     plan = propagate(call, info)
     if key is not None:
-        form = fast_form(plan, info, args, kwargs)
+        form = fast_form(plan, info, call.args, call.kwargs)
         if form is not None:
             # The plan is new and not yet shared: give it its fast form in
             # place (dataclasses.replace costs ~1.3 µs per first-seen call).
             object.__setattr__(plan, "fast", form)
         remember(key, plan)
-    return _same_spec(run(call, plan, info), args)
+    return plan
 
 
 def planned(func, args: tuple, kwargs: dict, plan: Plan):
@@ -83,7 +90,13 @@ def _alias_of_self(info, args, kwargs, key):
 
 
 def _inplace_view(info, args, kwargs, key):
-    """Run the out-of-place twin, then give self its block, spec and shape."""
+    """Run the out-of-place twin on self's block, then give self its view, spec, shape.
+
+    Self keeps its storage, so its alias family (detach, alias, view_as, ...)
+    keeps seeing its writes, as on one device. A twin whose plan would move
+    self into another layout first (a gather: new storage) is refused on
+    every rank before anything changes: the plan depends on the spec alone.
+    """
     self = args[0]
     if not isinstance(self, DTensor):
         raise UnsupportedOpError(f"{info.func}: self must be a DTensor")
@@ -91,9 +104,29 @@ def _inplace_view(info, args, kwargs, key):
     # The twin takes the same arguments: its key is this call's, op swapped.
     tkey = None if key is None else (twin._op, *key[1:])
     plan = None if tkey is None else TABLE.get(tkey)
-    out = general(twin, args, kwargs, tkey) if plan is None else planned(twin, args, kwargs, plan)
+    call = Call(twin, args, kwargs)
+    if plan is None:
+        plan = _new_plan(call, record(twin), tkey)
+    if plan.targets and plan.targets[0] is not None:
+        raise UnsupportedOpError(_moves_self(info.func, self, plan.targets[0]))
+    out = _same_spec(run(call, plan, record(twin)), args)
     self._local_tensor = out._local_tensor
     self._spec = out._spec
     with no_dispatch():
         aten.as_strided_.default(self, out._spec.shape, out._spec.stride)
     return self
+
+
+def _moves_self(func, self, target) -> str:
+    spec = self._spec
+    name = func._schema.name.split("::")[-1].removesuffix("_")
+    return (
+        f"{func}: on a DTensor of shape {tuple(spec.shape)} with placements "
+        f"{format_placements(spec.placements)} on mesh {spec.mesh}, the view needs "
+        f"placements {format_placements(target.placements)} first; that "
+        "redistribution moves the tensor into new storage, so the tensors it aliases "
+        "(detach, alias, view_as, view) would stop seeing its writes. Use the "
+        f"out-of-place op (x = x.{name}(...)), or redistribute first "
+        f"(x = x.redistribute(mesh, {format_placements(target.placements)})) "
+        "and apply the in-place view to that."
+    )

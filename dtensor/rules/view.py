@@ -6,8 +6,9 @@ Shards follow the dims they live on. A view that merges or splits dims keeps
 a shard only on the leading (major) dim of the group and only when the
 pieces are even, so every local block is exactly the block of the output
 layout; otherwise that dim is gathered first. Ops whose size arguments name
-global sizes (view, expand) are run with this rank's block sizes. Views are
-linear, so partial values pass through them.
+global sizes (view, expand) are run with this rank's block sizes. Views only
+move, pick or repeat elements, so partial values of every reduce op pass
+through them (cat, index_select and gather keep only sum/avg partials).
 """
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ __all__ = ["RULES", "view_groups"]
 aten = torch.ops.aten
 
 
-def _map_dims(spec, dim_map, *, partial_ok: bool = True):
-    """Placements through ``dim_map`` (input dim -> output dim or None = gather)."""
+def _map_dims(spec, dim_map):
+    """Placements through ``dim_map`` (input dim -> output dim or None = gather).
+
+    Every Partial passes, max/min included: these ops only move, pick or
+    repeat elements, and that commutes with any elementwise reduction. (It
+    also lets in-place views on a Partial keep their storage, and with it
+    their aliases: dtensor/dispatch/general.py refuses ones that would not.)
+    """
     want, out = [], []
     for p in spec.placements:
         if isinstance(p, Shard):
@@ -36,9 +43,6 @@ def _map_dims(spec, dim_map, *, partial_ok: bool = True):
             else:
                 want.append(p)
                 out.append(Shard(od))
-        elif isinstance(p, Partial) and not (partial_ok and is_linear_partial(p)):
-            want.append(Replicate())
-            out.append(Replicate())
         else:
             want.append(p)
             out.append(p)
@@ -123,7 +127,7 @@ def view_rule(call):
         return Sharding((None,), (spec.placements,), local=_view_local)
     groups = view_groups(spec.shape, tuple(size))
     if groups is None:
-        if all(isinstance(p, Replicate) or is_linear_partial(p) for p in spec.placements):
+        if all(isinstance(p, (Replicate, Partial)) for p in spec.placements):
             return Sharding((None,), (spec.placements,))
         return None
     where = {}
