@@ -43,9 +43,13 @@ from typing import Any
 
 import pytest
 
+from launch.lockstep_db import WHERE
+from launch.lockstep_db import mirror_db_class as _mirror_db_class
+
 __all__ = ["LockstepDivergence", "RankFailure"]
 
 RUN_NPROC_ENV = "LAUNCH_RUN_NPROC"  # ranks per node of the run (lockstep mode sets it)
+LEFT = "LEFT:"  # store value: the rank that should have set this key left the test
 
 
 class LockstepDivergence(BaseException):
@@ -103,12 +107,36 @@ class _Test:
 
     def __init__(self, item: pytest.Item, members: tuple[int, ...], inv: int,
                  timeout: float) -> None:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _get_default_store
+
         self.item, self.members, self.inv, self.timeout = item, members, inv, timeout
         self.runs = 0
+        self.rank = dist.get_rank()
+        tk = hashlib.sha1(item.nodeid.encode()).hexdigest()[:16]
+        self.store = dist.PrefixStore(f"hyplock/{tk}/{inv}/", _get_default_store())
 
     def new_run(self, test: Any, wrapped_test: Any, settings: Any, stuff: Any) -> _Run:
         self.runs += 1
         return _Run(self, self.runs, test, wrapped_test, settings, stuff)
+
+    def run_store(self, index: int) -> Any:
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"{index}/", self.store)
+
+    def leave(self, how: str) -> None:
+        """This rank is done with the test. A rank still in a Hypothesis run
+        can only be blocked on the first key of the run after this rank's
+        last one (every run ends with an exchange of all ranks): fill this
+        rank's keys there with ``LEFT`` so the waiter stops at once, naming
+        this rank, instead of waiting out the lockstep timeout."""
+        mine = [f"0/{self.rank}"] + (["seed", WHERE, "db/0"] if self.rank == 0 else [])
+        note = LEFT + json.dumps({"rank": self.rank, "runs": self.runs, "how": how})
+        try:
+            self.run_store(self.runs + 1).multi_set(mine, [note] * len(mine))
+        except Exception:  # NOTE: the world may be gone; the watchdog reports that
+            pass
 
 
 def _install_patch() -> None:
@@ -178,21 +206,17 @@ class _Run:
 
     def __init__(self, test_: _Test, index: int, fn: Any, wrapped_test: Any,
                  current: Any, stuff: Any) -> None:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _get_default_store
-
         self.t, self.members, self.item = test_, test_.members, test_.item
-        self.rank = dist.get_rank()
-        tk = hashlib.sha1(self.item.nodeid.encode()).hexdigest()[:16]
-        self.store = dist.PrefixStore(f"hyplock/{tk}/{test_.inv}/{index}/",
-                                      _get_default_store())
+        self.rank, self.index = test_.rank, index
+        self.store = test_.run_store(index)
         self.timeout = timedelta(seconds=test_.timeout)
         self.name = getattr(fn, "__qualname__", repr(fn))
         self.wrapped_test = wrapped_test
         self.given = set(getattr(stuff, "given_kwargs", {}) or {})
         self.current = current
-        self.settings = _lockstep_settings(current, _mirror_db(current.database, self.store,
-                                                               self.rank, self.timeout))
+        db = _mirror_db_class()(current.database, self.store, self.rank, self.timeout,
+                                self.read)
+        self.settings = _lockstep_settings(current, db)
         self.k = 0
         self.seed: int | None = None
 
@@ -212,8 +236,7 @@ class _Run:
             return random
         if self.rank == 0:
             self.store.set("seed", str(random.getrandbits(64)))
-        self.store.wait(["seed"], self.timeout)
-        self.seed = int(self.store.get("seed"))
+        self.seed = int(self.read(["seed"], "rank 0's seed")[0])
         wt._hypothesis_internal_use_generated_seed = self.seed  # hypothesis' @seed hint
         return Random(self.seed)
 
@@ -228,7 +251,7 @@ class _Run:
     # -- one example -------------------------------------------------------------------
     def example(self, inner: Any, args: tuple, kwargs: dict) -> Any:
         from hypothesis.control import current_build_context
-        from hypothesis.errors import UnsatisfiedAssumption
+        from hypothesis.errors import Found, UnsatisfiedAssumption
 
         __tracebackhide__ = True
         draws = [f"{k}={v!r}"[:300] for k, v in sorted(kwargs.items())
@@ -240,6 +263,8 @@ class _Run:
             result = inner(*args, **kwargs)
         except UnsatisfiedAssumption:
             outcome = "reject"
+        except Found as e:  # find()'s condition held: its signal, not a failure
+            outcome, control = "found", e
         except Exception as e:
             outcome = "fail"
             tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-4)
@@ -258,6 +283,13 @@ class _Run:
         got = self.exchange(slot, {"h": digest, "o": outcome, "e": err,
                                    "d": [d[:300] for d in draws][:20]})
         self.check_same(got, slot)
+        found = [r for r in self.members if got[r]["o"] == "found"]
+        if found and len(found) != len(self.members):
+            raise LockstepDivergence(
+                f"hypothesis lockstep: {self.item.nodeid}: the find() condition held "
+                f"for example #{slot} of {self.name} on rank(s) {found} only "
+                f"({'; '.join(draws) or 'no draws'}); a find() condition must not "
+                f"depend on the rank. {self.replay_hint()}")
         controls = [r for r in self.members if got[r]["o"] == "control"]
         if controls and len(controls) != len(self.members):
             raise LockstepDivergence(
@@ -282,21 +314,39 @@ class _Run:
     def exchange(self, slot: str, payload: dict) -> dict[int, dict]:
         self.store.set(f"{slot}/{self.rank}", json.dumps(payload))
         keys = [f"{slot}/{r}" for r in self.members]
-        try:
-            self.store.wait(keys, self.timeout)
-        except Exception:
-            missing = [r for r in self.members if not self.store.check([f"{slot}/{r}"])]
-            raise LockstepDivergence(
-                f"hypothesis lockstep: {self.item.nodeid}: rank(s) {missing} did not "
-                f"report example #{slot} of {self.name} within "
-                f"{self.timeout.total_seconds():.0f}s (rank {self.rank} did). "
-                f"{self.replay_hint()}") from None
-        vals = self.store.multi_get(keys)
+        vals = self.read(keys, f"example #{slot}")
         if slot.isdigit() and int(slot) > 0:
             # Every rank has written this slot, so all have read the previous
             # one: drop our key of it (long fuzzing runs would fill the store).
             self.store.delete_key(f"{int(slot) - 1}/{self.rank}")
         return {r: json.loads(v) for r, v in zip(self.members, vals, strict=True)}
+
+    def read(self, keys: list[str], what: str) -> list[bytes]:
+        """The values of ``keys`` once every one is set. A ``LEFT`` value (its
+        rank left the test) fails this rank at once, naming that rank; a key
+        still missing after the lockstep timeout fails it too."""
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception:
+            missing = [k for k in keys if not self.store.check([k])]
+            raise LockstepDivergence(
+                f"hypothesis lockstep: {self.item.nodeid}: {what} of {self.name} "
+                f"({', '.join(missing)}) did not report within "
+                f"{self.timeout.total_seconds():.0f}s (rank {self.rank} is waiting). "
+                f"{self.replay_hint()}") from None
+        vals = self.store.multi_get(keys)
+        gone = [json.loads(v[len(LEFT):]) for v in vals if v.startswith(LEFT.encode())]
+        if gone:
+            how = "; ".join(f"rank {g['rank']} after {g['runs']} Hypothesis run(s): "
+                            f"{g['how']}" for g in gone)
+            raise LockstepDivergence(
+                f"hypothesis lockstep: rank(s) {[g['rank'] for g in gone]} left "
+                f"{self.item.nodeid} while rank {self.rank} waits for their {what} of "
+                f"{self.name} (Hypothesis run #{self.index} of the test; {how}). Every "
+                "rank must make the same Hypothesis runs in the same order: neither a "
+                "run nor an assertion between runs may depend on the rank. "
+                f"{self.replay_hint()}")
+        return vals
 
     def check_same(self, got: dict[int, dict], slot: str) -> None:
         first = self.members[0]
@@ -369,48 +419,6 @@ def _record_draws(v: Any, out: list[str]) -> None:
     v.draw = recording_draw
 
 
-@functools.cache
-def _mirror_db_class() -> type:
-    from hypothesis.database import ExampleDatabase
-
-    class MirrorDB(ExampleDatabase):
-        """Rank 0: the real database, publishing every fetch to the store.
-        Other ranks: replay rank 0's fetches in order; never write."""
-
-        def __init__(self, real: Any, store: Any, rank: int, timeout: timedelta) -> None:
-            super().__init__()
-            self.real, self.store, self.rank, self.timeout = real, store, rank, timeout
-            self.n = 0
-
-        def fetch(self, key: bytes):
-            slot = f"db/{self.n}"
-            self.n += 1
-            if self.rank == 0:
-                values = list(self.real.fetch(key)) if self.real is not None else []
-                self.store.set(slot, json.dumps([v.hex() for v in values]))
-                return iter(values)
-            self.store.wait([slot], self.timeout)
-            return iter(bytes.fromhex(v) for v in json.loads(self.store.get(slot)))
-
-        def save(self, key: bytes, value: bytes) -> None:
-            if self.rank == 0 and self.real is not None:
-                self.real.save(key, value)
-
-        def delete(self, key: bytes, value: bytes) -> None:
-            if self.rank == 0 and self.real is not None:
-                self.real.delete(key, value)
-
-        def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-            if self.rank == 0 and self.real is not None:
-                self.real.move(src, dest, value)
-
-    return MirrorDB
-
-
-def _mirror_db(real: Any, store: Any, rank: int, timeout: timedelta) -> Any:
-    return _mirror_db_class()(real, store, rank, timeout)
-
-
 # The pytest side ---------------------------------------------------------------------
 class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
@@ -440,10 +448,15 @@ class _Plugin:
                     fn._hypothesis_internal_use_settings = saved
         _install_patch()
         inv = self.calls[item.nodeid] = self.calls.get(item.nodeid, 0) + 1
-        _ACTIVE = _Test(item, members, inv, self.config.getoption("lockstep_timeout"))
+        _ACTIVE = test_ = _Test(item, members, inv, self.config.getoption("lockstep_timeout"))
+        how = "it passed"
         try:
             return (yield)
+        except BaseException as e:
+            how = f"it raised {type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:200]}"
+            raise
         finally:
             _ACTIVE = None
+            test_.leave(how)
             if saved is not None:
                 fn._hypothesis_internal_use_settings = saved
