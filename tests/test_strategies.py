@@ -5,7 +5,6 @@ and example-database mirror of launch/hypothesis_lockstep.py."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -28,14 +27,6 @@ from dtensor.testing import (
     tensor_shapes,
     tensors,
 )
-
-# find() searches for an example that *fails* its predicate; under torchrun the
-# service runs Hypothesis in lockstep and reports that found example as a
-# failure on every rank (a known limit of its find() support, see the closing
-# note of issues 27/20). These single-process reach checks run under plain pytest.
-SINGLE_PROCESS = pytest.mark.skipif(
-    "TORCHELASTIC_RUN_ID" in os.environ,
-    reason="find()-based reach check; run it with plain pytest")
 
 # -- eager validation, naming the argument -----------------------------------------
 BAD = [
@@ -95,7 +86,6 @@ def test_sub_meshes_leave_ranks_out(data):
     assert layout.grid().shape == layout.shape
 
 
-@SINGLE_PROCESS
 def test_sub_meshes_reach_every_shape_and_outsider():
     assert find(sub_meshes(world_size=4), lambda m: m.ranks == (1, 3)).shape in ((2,), (1, 2), (2, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1))
     assert find(sub_meshes(world_size=4), lambda m: m.ndim == 3 and len(m.ranks) == 3)
@@ -115,7 +105,6 @@ def test_placements_are_valid_for_the_mesh_and_tensor(data):
         assert len({p.reduce_op for p in ps if isinstance(p, Partial)}) <= 1
 
 
-@SINGLE_PROCESS
 def test_placements_shrink_to_replicate_and_reach_nested_sharding():
     assert find(placements(mesh_ndim=2, tensor_ndim=2), lambda ps: True) == (Replicate(),) * 2
     assert find(placements(mesh_ndim=2, tensor_ndim=1), lambda ps: ps == (Shard(0), Shard(0)))
@@ -123,7 +112,6 @@ def test_placements_shrink_to_replicate_and_reach_nested_sharding():
                 lambda ps: True) == (Replicate(), Replicate())
 
 
-@SINGLE_PROCESS
 def test_tensor_shapes_reach_scalars_empty_and_uneven_dims():
     assert find(tensor_shapes(), lambda s: True) == ()
     assert 0 in find(tensor_shapes(min_dims=2), lambda s: 0 in s)
@@ -136,7 +124,6 @@ def test_tensors_have_a_covered_dtype_and_small_shape(t):
     assert t.dtype in DTYPES and t.ndim <= 3 and all(s <= 5 for s in t.shape)
 
 
-@SINGLE_PROCESS
 def test_bfloat16_arange_is_exact():
     t = find(tensors(shape=(5, 5, 5), dtype=torch.bfloat16, fills=("arange",)), lambda t: True)
     assert torch.equal(t.float(), torch.arange(125.0).reshape(5, 5, 5))
@@ -238,7 +225,6 @@ def test_cached_meshes_are_per_world(monkeypatch):
 
 
 # -- layout strategies and the per-rank oracle's reference ---------------------------
-@SINGLE_PROCESS
 def test_named_sub_meshes_reach_reordered_axes_and_3d_parents():
     from dtensor.testing.meshes import named_sub_meshes
 
