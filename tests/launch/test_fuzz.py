@@ -5,7 +5,6 @@ worlds, runs in seconds)."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import pytest
@@ -260,11 +259,6 @@ def test_a_failure_saved_by_a_fuzz_run_is_replayed_first_by_a_ci_run(tmp_path):
     database) stores the shrunk failure; a ``ci``-like run (derandomized, the
     database read-only through ``replay_settings``) replays it as its very
     first example, and keeps it for the next run."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # Under torchrun the service runs every @given in lockstep and only
-        # rank 0 writes the database; this single-process round trip of
-        # Hypothesis' database API runs under plain pytest.
-        pytest.skip("single-process database round trip; run it with plain pytest")
     path = tmp_path / "db"
     calls: list[int] = []
 
@@ -312,10 +306,6 @@ def test_a_variant_sharing_the_hypothesis_key_does_not_erase_anothers_failure(tm
     fuzzing slice of ``[2ranks]`` after ``[4ranks]`` stored a failure must not
     replay it (it passes on 2 ranks and Hypothesis deletes it as stale): the
     next ``ci`` run of ``[4ranks]`` replays it first."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # Under torchrun every @given in a test runs in lockstep and only
-        # rank 0 writes the database: a single-process round trip.
-        pytest.skip("single-process database round trip; run it with plain pytest")
     path = tmp_path / "db"
     db = DirectoryBasedExampleDatabase(str(path))
     calls: list[int] = []
