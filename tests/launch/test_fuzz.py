@@ -5,6 +5,7 @@ worlds, runs in seconds)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +21,8 @@ from launch.fuzz.rank import slice_settings
 from launch.fuzz.replay import from_lockstep, replay_line, replay_seed, replay_settings
 from launch.fuzz.scheduler import Scheduler
 from launch.fuzz.session import Session, parse_failure
+
+pytest_plugins = ["pytester"]
 
 A, B, C = "t.py::a", "t.py::b", "t.py::c"
 
@@ -335,3 +338,60 @@ def test_a_variant_sharing_the_hypothesis_key_does_not_erase_anothers_failure(tm
     with pytest.raises(AssertionError):
         test()
     assert calls[0] == 500  # still stored: the ci run replays it first
+
+
+VARIANTS = '''
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+
+def pytest_generate_tests(metafunc):  # like tests/properties: no parametrize marker
+    metafunc.parametrize("n", [pytest.param(n, id=f"{n}ranks") for n in (2, 4)])
+
+
+@settings(max_examples=1, derandomize=True, deadline=None, database=None)
+@given(x=st.integers(0, 1000))
+def test_k(n, x):
+    with open(os.environ["CALLS"], "a") as f:
+        f.write(f"{n}:{x}\\n")
+    assert not (n == 4 and x >= 990)
+'''
+
+
+def test_a_ci_run_replays_a_stored_failure_first_in_its_own_variant_only(pytester, tmp_path,
+                                                                         monkeypatch):
+    """End to end through pytest (one process, no worlds): the fuzzer stored
+    a failure of ``test_k[4ranks]``; a ci-like run with the database moves
+    ``[4ranks]`` to the front and replays it first, and ``[2ranks]`` (the same
+    function object, the same Hypothesis key) never sees it."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # The child pytest would inherit this rank's torchrun environment and
+        # try to join the world; the file it runs has no world tests anyway.
+        pytest.skip("runs a pytest subprocess of a single-process file; plain pytest only")
+    import importlib.util
+
+    path = pytester.makepyfile(test_v=VARIANTS)
+    spec = importlib.util.spec_from_file_location("h23_test_v", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    calls, db_path = tmp_path / "calls", tmp_path / "db"
+    monkeypatch.setenv("CALLS", str(calls))
+    fn = mod.test_k
+    fn._hypothesis_internal_use_settings = slice_settings(
+        fn._hypothesis_internal_use_settings, DirectoryBasedExampleDatabase(str(db_path)),
+        "test_v.py::test_k[4ranks]", 1000)
+    fn._hypothesis_internal_use_seed = 0
+    with pytest.raises(AssertionError):  # the session's slice: found, shrunk, stored
+        fn(n=4)
+    assert calls.read_text().splitlines()[-1] == "4:990"
+    calls.unlink()
+    monkeypatch.setenv("LAUNCH_FUZZ_DB", str(db_path))
+    result = pytester.runpytest_subprocess("-p", "launch.fuzz.replay", "-v",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.re_match_lines([r".*test_k\[4ranks\] FAILED", r".*test_k\[2ranks\] PASSED"])
+    got = calls.read_text().splitlines()
+    assert got[0] == "4:990"  # the stored example, before anything else
+    assert "2:990" not in got  # the other variant did not replay it
