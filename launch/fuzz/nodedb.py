@@ -18,7 +18,8 @@ see each other's examples, whatever key Hypothesis computes.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["per_node"]
 
