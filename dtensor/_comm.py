@@ -9,7 +9,9 @@ process made before, so members with different histories pick different
 names and wait for each other forever.)
 
 A group's name is a pure function of the world and its ranks
-(``world_tag()`` + ranks), so compiled code, which bakes group names into its
+(``world_tag()`` + ranks, + how many groups of those ranks the world
+destroyed before: ``destroy_process_group`` of one group forgets only that
+group), so compiled code, which bakes group names into its
 generated code, names the same group in every process of the same world
 configuration, and never a group of another world (see ``dtensor.mesh``:
 the world tag is part of how a mesh is named in generated code, hence part of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -255,3 +257,40 @@ def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
         t = torch.tensor([float(world.rank + 1)])
         dist.all_reduce(t, group=pair.get_group())
         assert t.item() == 3.0
+
+
+@pytest.mark.world_size(4)
+def test_a_sub_world_swapped_in_and_out_leaves_the_worlds_groups_alone(world) -> None:
+    # Under torchrun the test service runs 2-rank tests on ranks 0-1 by
+    # swapping a 2-rank sub-world into c10d (launch/subworld.py) and back.
+    # Ranks 0-1 must come back to the 4-rank world's groups as they left them:
+    # a hook that took the swapped-out world for a destroyed one dropped them
+    # there only, and the flatten property hung (ranks 0-1 failed re-creating
+    # groups by their registered names, ranks 2-3 waited in a broadcast).
+    from launch.subworld import create
+
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    before = mesh.get_all_groups()
+    stamp = torch.tensor([time.time_ns()])  # store keys of this run's sub-world only
+    dist.broadcast(stamp, 0)
+    if world.rank in (0, 1):
+        sub = create(2, f"test_mesh_dist/{stamp.item()}/")
+        with sub.entered():
+            inner = DeviceMesh("cpu", [1, 0])
+            t = torch.tensor([1.0])
+            dist.all_reduce(t, group=inner.get_group())
+            assert t.item() == 2.0
+    try:
+        again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
+        problem = None if all(same) else f"groups per axis reused: {same}"
+    except Exception as e:  # noqa: BLE001 - every rank must reach the vote below
+        problem = repr(e)
+    votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(votes, torch.tensor([float(problem is not None)]))
+    bad = [r for r, v in enumerate(votes) if v.item()]
+    assert not bad, (f"rebuilding the 2x2 mesh after ranks 0-1 visited a sub-world failed "
+                     f"on ranks {bad}; here (rank {world.rank}): {problem}")
+    flat = again["tp", "dp"]._flatten("tp_dp")
+    x = distribute_tensor(torch.arange(8.0), flat, [Shard(0)])
+    assert torch.equal(x.full_tensor(), torch.arange(8.0))
