@@ -353,7 +353,7 @@ def _random_block_mutant(change=None, *, flat_empty: bool = False) -> None:
 
 
 def _inner_offsets_dropped(gs, lo, ls):
-    j, run = _one_run(gs, ls)
+    _, run = _one_run(gs, ls)
     if run and len(lo) > 1 and min(ls, default=1) > 0:
         return (lo[0],) + (0,) * (len(lo) - 1)  # BUG: a run's start ignores inner dims
     return lo
@@ -362,7 +362,7 @@ def _inner_offsets_dropped(gs, lo, ls):
 def _runs_from_column_zero(gs, lo, ls):
     j, run = _one_run(gs, ls)
     if not run and min(ls, default=1) > 0:
-        return lo[:j] + (0,) + lo[j + 1:]  # BUG: every run starts at column 0
+        return (*lo[:j], 0, *lo[j + 1:])  # BUG: every run starts at column 0
     return lo
 
 
@@ -490,23 +490,55 @@ def run(name: str, nproc: int, target: str | None, profile: str,
     if LOG_DIR:
         Path(LOG_DIR[0], f"{name}.log").write_text(out)
     new = sorted(failed - baseline[target])
-    return bool(new), dt, _excerpt(out, new)
+    replay = (f"DTENSOR_MUTANT={name} torchrun --nproc_per_node={nproc} -m pytest "
+              f"-p launch.hypothesis_lockstep '{{test}}' --hypothesis-profile={profile}")
+    return bool(new), dt, _excerpt(out, new, replay)
 
 
-def _excerpt(out: str, new: list[str]) -> str:
-    """The first new failure's minimal example, first error line and replay command."""
+def _excerpt(out: str, new: list[str], replay: str = "") -> str:
+    """The first new failure's minimal example, first error line and replay command.
+
+    Three shapes of failure: a ``RankFailure`` (ranks disagree: the lockstep
+    plugin prints the example and a ``Replay:`` line), a failure alike on every
+    rank (Hypothesis's own "Failing test case" with its ``Draw`` lines), and a
+    hang the test service's watchdog ends (no example: it cannot shrink).
+    ``replay`` is the command printed when the output has no ``Replay:`` line.
+    """
     lines = out.splitlines()
     keep: list[str] = [f"newly failing: {new}"]
     for i, line in enumerate(lines):
         if "RankFailure: example failed" in line and any(
                 n.split("::")[-1] in "\n".join(lines[i:i + 300]) for n in new):
             keep.append(line.split("RankFailure: ", 1)[1].strip())
-            errs = [x for x in lines[i + 1:i + 60]
+            errs = [x[1:].strip()[:400] for x in lines[i + 1:i + 200]
                     if re.match(r"E\s+(\w*(Error|Exception)|Failed):", x)]
-            keep += [e[1:].strip()[:400] for e in errs[:1]]
+            # Ranks may fail differently (one names the bug, the others may
+            # only report that a peer failed): up to two distinct messages.
+            keep += list(dict.fromkeys(errs))[:2]
             rep = [x for x in lines[i + 1:i + 300] if "Replay:" in x]
             keep += [r[1:].strip() for r in rep[:1]]
             break
+    else:
+        for i, line in enumerate(lines):
+            if "Failing test case:" in line:
+                errs = [x for x in lines[max(0, i - 5):i + 1]
+                        if re.match(r"E\s+(\w*(Error|Exception)|Failed):", x)]
+                draws = []
+                for x in lines[i + 1:i + 80]:
+                    if re.match(r"E\s+Draw \d+", x):
+                        draws.append(x[1:].strip()[:300])
+                    elif draws:
+                        break
+                keep += draws + [e[1:].strip()[:400] for e in errs[:1]]
+                break
+        for i, line in enumerate(lines):
+            if line.startswith("launch: timed out"):
+                keep.append(line.strip())
+                keep += [x.strip() for x in lines[i + 1:i + 6]
+                         if x.startswith("stuck ranks") or re.match(r"\s+rank \d+: ", x)]
+                break
+    if replay and new and not any(k.startswith("Replay:") for k in keep):
+        keep.append(f"Replay: {replay.format(test=new[0])}")
     summary = [x for x in lines if re.search(r"\d+ (passed|failed)", x)]
     return "\n".join(keep + summary[-1:])
 

@@ -405,8 +405,30 @@ def _assert_same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> N
 # NOTE: a rank that fails an assert stops issuing collectives and the others
 # hang in their next one. So every test runs all its collectives first
 # (``_gather``), then asserts on local data only.
-def _gather(outs: tuple) -> list[tuple[Any, torch.Tensor | None]]:
-    """(output, full tensor on members / None outside) for each output."""
+def _gather(outs: tuple, world) -> list[tuple[Any, torch.Tensor | None]]:
+    """(output, full tensor on members / None outside) for each output.
+
+    Each rank first checks its blocks' shapes locally (the per-rank oracle)
+    and the test's world agrees on the verdict before any ``full_tensor``: a
+    block of the wrong shape fails inside ``full_tensor`` on its rank alone
+    while the others wait in the collective, a hang that the watchdog ends
+    after minutes and that Hypothesis cannot shrink.
+    """
+    import torch.distributed as dist
+
+    bad = None
+    for out in outs:
+        try:
+            assert_layout(out, None, msg="before full_tensor()")
+        except AssertionError as e:
+            bad = bad or e
+    verdict = torch.tensor([0 if bad is None else 1])
+    dist.all_reduce(verdict, group=world.group)
+    if bad is not None:
+        raise bad
+    if verdict.item():
+        raise AssertionError(f"rank {world.rank}: another rank's block has the wrong "
+                             "shape (its error names it); full_tensor() skipped")
     return [(out, out.full_tensor() if out.device_mesh.get_coordinate() is not None
              else None) for out in outs]
 
@@ -449,7 +471,7 @@ def test_random_ops_equal_the_single_device_stream(n_ranks, world, impl, op_name
     case = _draw_case(data, impl, world.size, ops=[op_name])
     mesh = impl.mesh(case.layout)
     _seed(impl, case.seed)
-    gathered = _gather(_run(case, impl, mesh))
+    gathered = _gather(_run(case, impl, mesh), world)
     after = _state(impl)
     _seed(impl, case.seed)
     expected = _reference(case, impl)
@@ -474,7 +496,7 @@ def test_random_blocks_of_every_shape_class(n_ranks, world, impl, kind, data):
         event(f"a {c} block")
     mesh = impl.mesh(case.layout)
     _seed(impl, case.seed)
-    gathered = _gather(_run(case, impl, mesh))
+    gathered = _gather(_run(case, impl, mesh), world)
     _seed(impl, case.seed)
     expected = _reference(case, impl)
     _check_outputs(gathered, expected, case, case.layout)
@@ -540,7 +562,7 @@ def test_consecutive_ops_follow_the_single_device_sequence(n_ranks, world, impl,
     seed = steps[0].seed
     _seed(impl, seed)
     outs = [_run(case, impl, impl.mesh(case.layout)) for case in steps]
-    gathered = [_gather(out) for out in outs]
+    gathered = [_gather(out, world) for out in outs]
     _seed(impl, seed)
     expected = [_reference(case, impl) for case in steps]
     for i, (case, got, ref) in enumerate(zip(steps, gathered, expected, strict=True)):
@@ -576,8 +598,8 @@ def test_outsiders_advance_the_generator_without_collectives(n_ranks, world, imp
         with impl.comm_counter() as comm:
             outs = first.op.run(x, kw)
         outs = outs if isinstance(outs, tuple) else (outs,)
-    gathered_first = _gather(outs)
-    gathered_then = _gather(_run(then, impl, impl.mesh(then.layout)))
+    gathered_first = _gather(outs, world)
+    gathered_then = _gather(_run(then, impl, impl.mesh(then.layout)), world)
     _seed(impl, first.seed)
     expected_first = _reference(first, impl)
     expected_then = _reference(then, impl)
