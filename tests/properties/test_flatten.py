@@ -24,7 +24,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtensor.testing import assert_coordinate, assert_matches_single_device, placements, tensors
+from dtensor.testing import (
+    assert_coordinate,
+    assert_matches_single_device,
+    placements,
+    tensors,
+)
 from dtensor.testing.meshes import named_sub_meshes
 
 pytestmark = pytest.mark.dist_timeout(180)
