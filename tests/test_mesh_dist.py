@@ -239,7 +239,7 @@ def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
         again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
         same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
         problem = None if all(same) else f"groups per axis reused: {same}"
-    except Exception as e:
+    except Exception as e:  # any error: every rank must reach the vote below
         problem = repr(e)
     # Vote before any collective on the rebuilt mesh, so a failure on some
     # ranks fails every rank instead of hanging the others.
@@ -284,7 +284,7 @@ def test_a_sub_world_swapped_in_and_out_leaves_the_worlds_groups_alone(world) ->
         again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
         same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
         problem = None if all(same) else f"groups per axis reused: {same}"
-    except Exception as e:
+    except Exception as e:  # any error: every rank must reach the vote below
         problem = repr(e)
     votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
     dist.all_gather(votes, torch.tensor([float(problem is not None)]))
