@@ -2,11 +2,14 @@
 of every collected ``@given`` test, in lockstep on N ranks.
 
     python -m launch fuzz tests/properties --minutes 10 --nproc 4
+    python -m launch fuzz tests/properties --minutes 10 --sim 4   # simulated ranks
 
 It starts a torchrun world whose ranks run ``launch.fuzz.rank`` (the loop)
-under the lockstep mode, shows progress live, and restarts the world when a
-hang or a dead rank ends it: the example that was running is recorded as a
-failure and the session goes on until the budget. At the end it writes a
+under the lockstep mode (with ``--sim N``: one ``pytest --dist-sim``
+process whose simulated worlds run the ranks as threads), shows progress
+live, and restarts the world when a hang or a dead rank ends it: the
+example that was running is recorded as a failure and the session goes on
+until the budget. At the end it writes a
 report folder (Markdown, JSON, HTML) and keeps the session state beside the
 example database, so the next session over the same database resumes.
 Failures go to the example database (``--db``, default ``.fuzz-db``), which
@@ -49,6 +52,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="seconds without a new example before a world counts as hung")
     p.add_argument("--cover", default="dtensor", help="package whose coverage guides (dtensor)")
     p.add_argument("--fresh", action="store_true", help="do not resume the database's state")
+    p.add_argument("--sim", type=int, default=0, metavar="N",
+                   help="simulated worlds of up to N ranks (threads of one pytest "
+                        "--dist-sim process) instead of torchrun ranks")
     args, rest = p.parse_known_args(argv)
     if "--" in rest:
         rest.remove("--")
@@ -65,10 +71,11 @@ def main(argv: list[str]) -> int:
     db.mkdir(parents=True, exist_ok=True)
     old = None if args.fresh else Session.read(db / STATE_NAME)
     state = old.resumed() if old is not None else Session()
-    state.budget_s, state.nproc, state.args = args.minutes * 60, args.nproc, pytest_args
+    state.budget_s, state.nproc, state.args = args.minutes * 60, args.sim or args.nproc, pytest_args
     known = {f.key for f in state.failures}
     state.save(run_dir / "state.json")
-    print(f"launch fuzz: {args.nproc} ranks, {args.minutes:g} min, database {db}"
+    ranks = f"{args.sim} simulated ranks" if args.sim else f"{args.nproc} ranks"
+    print(f"launch fuzz: {ranks}, {args.minutes:g} min, database {db}"
           + (f" (resuming session {old.sessions}: {old.total:.0f} s, "
              f"{len(old.failures)} known failures)" if old else "")
           + f"; logs in {run_dir}", flush=True)
@@ -130,13 +137,17 @@ def _world(args: argparse.Namespace, pytest_args: list[str], run_dir: Path, db: 
                 R.COVER_ENV: args.cover, "OMP_NUM_THREADS": "1",
                 "LAUNCH_RUN_DIR": str(run_dir / f"world{k}")})
     env.pop("LAUNCH_STATUS_FILE", None)
-    topo = ([f"--nnodes={args.nnodes}", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint={args.rdzv_endpoint}"] if args.nnodes else ["--standalone"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", *topo,
-           f"--nproc-per-node={args.nproc}", "--max-restarts=0", "--monitor-interval=0.1",
-           "-m", "pytest", "-p", "launch.fuzz.rank", "-p", "no:cacheprovider", "-q",
-           "--hypothesis-profile=fuzz", f"--dist-timeout={max(600.0, args.hang * 2)}",
-           f"--lockstep-timeout={args.hang}", *pytest_args]
+    pytest_cmd = ["-m", "pytest", "-p", "launch.fuzz.rank", "-p", "no:cacheprovider", "-q",
+                  "--hypothesis-profile=fuzz", f"--dist-timeout={max(600.0, args.hang * 2)}"]
+    if args.sim:  # one process; the launcher's hang watch below still applies
+        env[R.SIM_ENV] = str(args.sim)
+        cmd = [sys.executable, *pytest_cmd, "--dist-sim", *pytest_args]
+    else:
+        topo = ([f"--nnodes={args.nnodes}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={args.rdzv_endpoint}"] if args.nnodes else ["--standalone"])
+        cmd = [sys.executable, "-m", "torch.distributed.run", *topo,
+               f"--nproc-per-node={args.nproc}", "--max-restarts=0", "--monitor-interval=0.1",
+               *pytest_cmd, f"--lockstep-timeout={args.hang}", *pytest_args]
     log = run_dir / f"world{k}.log"
     with open(log, "w") as out:
         out.write(shlex.join(cmd) + "\n")

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,14 @@ def _size_class(shapes: list[tuple[int, ...]], mesh: tuple[int, ...] | None,
 class Probe:
     """Per-slice recorder for one rank (see the module docstring)."""
 
-    def __init__(self, rank: int, run_dir: Path | None, tracer: ArcTracer | None) -> None:
+    def __init__(self, rank: int, run_dir: Path | None, tracer: ArcTracer | None,
+                 rank_now: Callable[[], int] | None = None) -> None:
+        # rank_now: the calling thread's rank, in a simulated world where every
+        # rank is a thread of this process running the same wrapped function.
+        # Only calls from ``rank`` count, trace and classify; every rank's last
+        # example is kept (``lasts``) so the ranks' final examples can be compared.
         self.rank, self.run_dir, self.tracer = rank, run_dir, tracer
+        self.rank_now = rank_now
         self.inflight = run_dir / "inflight.json" if run_dir is not None and rank == 0 else None
         self.begin("", 0, "")
 
@@ -182,6 +189,7 @@ class Probe:
         self.nodeid, self.k, self.op = nodeid, k, op
         self.examples = 0
         self.last = ""
+        self.lasts: dict[int, str] = {}
         self.classes: list[dict[str, str]] = []
         self.started = time.time()
 
@@ -198,34 +206,41 @@ class Probe:
         @functools.wraps(inner)
         def fuzz_inner(*args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
+            me = self.rank if self.rank_now is None else self.rank_now()
+            own = me == self.rank
             parts = [f"{k}={v!r}" for k, v in sorted(kwargs.items())
                      if k in given and not _is_data(v)]
             values: list[tuple[str, Any]] = [(k, v) for k, v in kwargs.items()
                                              if k in given and not _is_data(v)]
             for v in kwargs.values():
                 if _is_data(v):
-                    self._record_draws(v, parts, values)
-            self.examples += 1
-            self._write("; ".join(parts))
+                    self._record_draws(v, parts, values, own)
+            if own:
+                self.examples += 1
+                self._write("; ".join(parts))
             try:
-                if self.tracer is not None:
+                if own and self.tracer is not None:
                     with self.tracer:
                         return inner(*args, **kwargs)
                 return inner(*args, **kwargs)
             finally:
-                self.last = "; ".join(parts)
-                self.classes.append(classify(values, self.op))
+                self.lasts[me] = "; ".join(parts)
+                if own:
+                    self.last = self.lasts[me]
+                    self.classes.append(classify(values, self.op))
 
         return fuzz_inner
 
-    def _record_draws(self, data: Any, parts: list[str], values: list[tuple[str, Any]]) -> None:
+    def _record_draws(self, data: Any, parts: list[str], values: list[tuple[str, Any]],
+                      own: bool = True) -> None:
         draw = data.draw
 
         def recording_draw(strategy: Any, label: Any = None) -> Any:
             value = draw(strategy, label)
             parts.append(f"draw {len(values) + 1}{f' ({label})' if label else ''}: {value!r}")
             values.append((str(label or ""), value))
-            self._write("; ".join(parts))
+            if own:
+                self._write("; ".join(parts))
             return value
 
         data.draw = recording_draw

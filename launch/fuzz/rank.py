@@ -1,9 +1,11 @@
 """The fuzzing loop on every rank (a pytest plugin: ``-p launch.fuzz.rank``).
 
 Active only under ``python -m launch fuzz`` (``LAUNCH_FUZZ_DIR`` set) in
-lockstep mode (torchrun). It replaces the lockstep mode's test loop: rank 0
-asks the scheduler for a slice (a property and a number of examples) and
-posts it on the c10d store; every rank runs that property for that many
+lockstep mode (torchrun), or, with ``--sim N``, in one process under the
+simulated mode (``pytest --dist-sim``; see ``_SimWorld`` below). It
+replaces the lockstep mode's test loop: rank 0 asks the scheduler for a
+slice (a property and a number of examples) and posts it on the c10d
+store; every rank runs that property for that many
 examples through the lockstep mode's own ``RankCore.run`` (hang watchdog,
 sub-worlds for ``world_size(n)`` tests, agreed verdicts) with the lockstep
 Hypothesis plugin drawing the same examples everywhere, a fresh shared seed
@@ -39,6 +41,7 @@ DB_ENV = "LAUNCH_FUZZ_DB"  # the example database directory
 SLICE_ENV = "LAUNCH_FUZZ_SLICE"  # seconds per slice
 COVER_ENV = "LAUNCH_FUZZ_COVER"  # package whose lines count as coverage
 START_ENV = "LAUNCH_FUZZ_START"  # epoch seconds: this session's start
+SIM_ENV = "LAUNCH_FUZZ_SIM"  # ranks of the simulated world (--sim N); unset under torchrun
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -70,16 +73,24 @@ class FuzzLoop:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         mode = self.config.pluginmanager.get_plugin("launch-mode")
-        if type(mode).__name__ != "Lockstep":
-            raise pytest.UsageError("launch fuzz: run the ranks under torchrun "
-                                    "(python -m launch fuzz does)")
+        sim_n = int(os.environ.get(SIM_ENV) or 0)
+        if type(mode).__name__ != ("SimMode" if sim_n else "Lockstep"):
+            raise pytest.UsageError(
+                "launch fuzz: run the ranks under torchrun, or with "
+                f"{SIM_ENV} under pytest --dist-sim (python -m launch fuzz [--sim N] does); "
+                f"got mode {type(mode).__name__}")
         if session.config.option.collectonly:
             return True
-        import torch.distributed as dist
         from hypothesis.database import DirectoryBasedExampleDatabase
 
-        self.mode, self.rank, self.size = mode, dist.get_rank(), dist.get_world_size()
-        self.store = dist.PrefixStore("fuzz/", mode.core.store)
+        if sim_n:
+            self.mode, self.rank, self.size = mode, 0, sim_n
+            self.store, self.world = None, _SimWorld(sim_n)
+        else:
+            import torch.distributed as dist
+
+            self.mode, self.rank, self.size = mode, dist.get_rank(), dist.get_world_size()
+            self.store, self.world = dist.PrefixStore("fuzz/", mode.core.store), None
         self.db_path = os.environ.get(DB_ENV, str(self.dir / "db"))
         self.db = DirectoryBasedExampleDatabase(self.db_path)
         items = [it for it in session.items if _is_given(it)]
@@ -88,11 +99,14 @@ class FuzzLoop:
         if self.rank == 0:
             root = _package_dir(os.environ.get(COVER_ENV, "dtensor"))
             tracer = ArcTracer(root) if root else None
-        self.probe = Probe(self.rank, self.dir, tracer)
+        self.probe = Probe(self.rank, self.dir, tracer,
+                           rank_now=self.world.rank_now if self.world else None)
         if self.rank == 0:
             self.state = Session.read(self.dir / "state.json") or Session()
             self.sched = Scheduler(list(self.by_id), slice_seconds=self.slice_s)
             self.sched.load(self.state.props)
+            if self.world is not None:
+                self.world.skip_too_big(items, self.sched)
             self.known = {f: {tuple(a) for a in arcs} for f, arcs in self.state.arcs.items()}
             self.t0 = float(os.environ.get(START_ENV, time.time() - self.state.elapsed))
         k = 0
@@ -113,6 +127,8 @@ class FuzzLoop:
         if self.rank == 0:
             left = self.deadline - time.time()
             s = self.sched.choose(left) if left > 1.0 else None
+            if self.store is None:  # a simulated world: one process decides for all
+                return None if s is None else (s.nodeid, s.examples)
             self.store.set(key, json.dumps(None if s is None else [s.nodeid, s.examples, s.why]))
         got = json.loads(self.store.get(key))
         return None if got is None else (got[0], got[1])
@@ -139,8 +155,11 @@ class FuzzLoop:
         session._setupstate.teardown_exact(item)
         t = time.time()
         try:
-            size = min(world_size_of(item) or self.size, self.size)
-            reports = self.mode.core.run(item, item.nodeid, item.parent, f"fz{k}", size)
+            if self.world is not None:
+                reports = self.world.run(item)
+            else:
+                size = min(world_size_of(item) or self.size, self.size)
+                reports = self.mode.core.run(item, item.nodeid, item.parent, f"fz{k}", size)
         finally:
             fn._hypothesis_internal_use_settings, handle.inner_test = saved
         dt = time.time() - t
@@ -148,14 +167,16 @@ class FuzzLoop:
         skipped = [r for r in reports if r.skipped]
         # Every rank posts the last example it ran (the shrunk one after a
         # failure): the report says whether all ranks ended on the same one.
-        last = hashlib.sha1(self.probe.last.encode()).hexdigest()[:12] if self.probe.last else ""
-        self.store.set(f"last/{k}/{self.rank}", last)
-        if self.rank == 0:
+        if self.store is None:
+            per_rank = {str(r): _digest(t) for r, t in sorted(self.probe.lasts.items())}
+        else:
+            self.store.set(f"last/{k}/{self.rank}", _digest(self.probe.last))
             per_rank = {str(r): v.decode() for r, v in enumerate(
                 self.store.multi_get([f"last/{k}/{r}" for r in range(self.size)]))}
+        if self.rank == 0:
             self._fold(item, n, dt, failed, skipped, per_rank)
-        fatal = any("LockstepDivergence" in (r.longreprtext or "") or
-                    "launch:" in (r.longreprtext or "") for r in failed)
+        fatal = any(w in (r.longreprtext or "") for r in failed
+                    for w in ("LockstepDivergence", "SimDivergence", "launch:"))
         return not fatal
 
     def _fold(self, item: pytest.Item, n: int, dt: float, failed: list[Any],
@@ -219,6 +240,47 @@ def slice_settings(current: Any, db: Any, nodeid: str, n: int) -> Any:
 
     return settings(current, max_examples=n, database=per_node(db, nodeid), derandomize=False,
                     deadline=None, phases=[p for p in Phase if p != Phase.explain])
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:12] if text else ""
+
+
+class _SimWorld:
+    """The slices of a ``--sim N`` session: every rank is a thread of this
+    process (``launch.sim_mode`` runs a ``world_size(n)`` test on n threads,
+    in lockstep through ``launch.sim_lockstep``, which takes the slice's
+    settings: its seed, ``max_examples`` and database), so one process plans,
+    runs and records; no store, no torchrun."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @staticmethod
+    def rank_now() -> int:
+        # Each rank thread has its own c10d world (threaded process group);
+        # the main thread (an unmarked test) counts as rank 0.
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def skip_too_big(self, items: list[pytest.Item], sched: Scheduler) -> None:
+        from launch.world import world_size_of
+
+        for it in items:
+            size = world_size_of(it) or 1
+            if size > self.n:
+                sched.skip(it.nodeid, f"world_size({size}) > --sim {self.n}")
+
+    def run(self, item: pytest.Item) -> list[Any]:
+        """Setup, call and teardown of ``item``, reported to nobody (the
+        session's state records the slice). As in the lockstep loop, the
+        item's parent is "next": the item's own fixtures (its parameters
+        included) are torn down, so the next slice of the same item sets
+        them up again; module and session fixtures stay up."""
+        from _pytest.runner import runtestprotocol
+
+        return runtestprotocol(item, log=False, nextitem=item.parent)
 
 
 def _param_id(item: pytest.Item) -> str:

@@ -51,10 +51,11 @@ def from_lockstep(line: str, nodeid: str, nproc: int, db: Path | str) -> str:
         words = shlex.split(line.split("Replay:", 1)[-1])
     except ValueError:
         words = []
-    k = words.index("torchrun") if "torchrun" in words else len(words)
-    env = [w for w in words[:k] if "=" in w]
+    # A simulated world's line reads "Replay: ENV pytest --dist-sim 'id' ...".
+    k = next((words.index(w) for w in ("torchrun", "pytest") if w in words), len(words))
+    env = [w for w in words[:k] if "=" in w and not w.startswith("-")]
     extra = [w for w in words[k:] if w.startswith("--") and not w.startswith(
-        ("--nproc", "--hypothesis-profile", "--hypothesis-seed"))]
+        ("--nproc", "--hypothesis-profile", "--hypothesis-seed", "--dist-sim"))]
     out = replay_line(nodeid, nproc, db, shlex.join(env))
     return out + (" " + shlex.join(extra) if extra else "")
 

@@ -16,7 +16,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from launch.fuzz import report
 from launch.fuzz.live import rows
 from launch.fuzz.nodedb import per_node
-from launch.fuzz.probe import ArcTracer, classify
+from launch.fuzz.probe import ArcTracer, Probe, classify
 from launch.fuzz.rank import slice_settings
 from launch.fuzz.replay import from_lockstep, replay_line, replay_seed, replay_settings
 from launch.fuzz.scheduler import Scheduler
@@ -143,6 +143,26 @@ def test_replay_line_uses_the_database_and_keeps_env_and_options():
     assert replay_line("t.py::b", 2, "/db").endswith(" t.py::b --hypothesis-profile=ci")
 
 
+SIM_FAILURE = """\
+E   launch.sim_lockstep.SimRankFailure: example failed on rank(s) [1] of [0, 1] (simulated world): x=4
+E   ----- rank 1 -----
+E   Traceback (most recent call last):
+E     File "/r/test_s.py", line 18, in test_sum
+E       assert t.item() == 2 * x
+E   AssertionError: assert 7 == 8
+E   Replay: DTENSOR_MUTANT=m pytest --dist-sim 't.py::a' --hypothesis-profile=fuzz
+"""
+
+
+def test_a_simulated_worlds_failure_gives_its_example_and_a_torchrun_replay():
+    f = parse_failure("t.py::a", SIM_FAILURE, 0)
+    assert (f.example, f.exc_type) == ("x=4", "AssertionError")
+    assert f.location == "test_s.py:18 in test_sum"
+    assert from_lockstep(f.replay, "t.py::a", 2, "/db") == (
+        "Replay: DTENSOR_MUTANT=m LAUNCH_FUZZ_DB=/db torchrun --nproc_per_node=2 "
+        "-m pytest t.py::a --hypothesis-profile=ci")
+
+
 # -- session state and report -----------------------------------------------------------
 def _session() -> Session:
     s = Scheduler([A, B])
@@ -229,6 +249,22 @@ def test_input_classes_from_drawn_values():
     assert classify([("op", "rand"), ("shape", (4, 4)), ("m", MeshLayout((2,), (0, 1))),
                      ("p", (Shard(0),))]) == {"mesh": "2", "placements": "(S(0))",
                                               "op": "rand", "size": "even"}
+
+
+def test_in_a_simulated_world_only_the_measuring_ranks_calls_count(tmp_path):
+    """Every rank thread runs the same wrapped function: rank 0's calls count,
+    write the in-flight example and are classified; every rank's last example
+    is kept, for the same-minimal-example check."""
+    me = [0]
+    probe = Probe(0, tmp_path, None, rank_now=lambda: me[0])
+    probe.begin("t.py::a", 0, "")
+    wrapped = probe.wrap(lambda x: None, {"x"})
+    for x, rank in ((1, 0), (1, 1), (2, 1), (2, 0)):
+        me[0] = rank
+        wrapped(x=x)
+    assert probe.examples == 2 and len(probe.classes) == 2
+    assert probe.lasts == {0: "x=2", 1: "x=2"} and probe.last == "x=2"
+    assert json.loads((tmp_path / "inflight.json").read_text())["n"] == 2
 
 
 def test_arc_tracer_records_only_the_package(tmp_path):
@@ -395,3 +431,98 @@ def test_a_ci_run_replays_a_stored_failure_first_in_its_own_variant_only(pyteste
     got = calls.read_text().splitlines()
     assert got[0] == "4:990"  # the stored example, before anything else
     assert "2:990" not in got  # the other variant did not replay it
+
+
+# -- --sim N: the session's slices on simulated worlds (threads of one process) ------------
+SIM_TESTS = '''
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, strategies as st
+
+
+@pytest.mark.world_size(2)
+@given(x=st.integers(0, 100))
+def test_sum(world, x):
+    # rank 1 clips its contribution at 3: the all-reduced sum is wrong from x = 4 on
+    t = torch.tensor([x if world.rank == 0 else min(x, 3)])
+    dist.all_reduce(t, group=world.group)
+    if world.rank == 0 and os.environ.get("CALLS"):
+        with open(os.environ["CALLS"], "a") as f:
+            f.write(f"{x}\\n")
+    assert t.item() == 2 * x
+
+
+_slices = [0]
+
+
+@pytest.fixture
+def slice_no():  # set up once per slice (one pytest run of the item)
+    _slices[0] += 1
+    return _slices[0]
+
+
+@pytest.mark.world_size(2)
+@given(x=st.integers(0, 100))
+def test_second(world, slice_no, x):
+    assert slice_no < 2, "reached a second slice"
+
+
+@pytest.mark.world_size(4)
+@given(x=st.integers(0, 100))
+def test_big(world, x):
+    pass
+'''
+
+
+def test_a_sim_session_finds_shrinks_and_stores_a_failure_in_one_process(pytester, tmp_path,
+                                                                         monkeypatch):
+    """``python -m launch fuzz --sim 2``: the slices run in one ``pytest
+    --dist-sim`` process (no torchrun), the rank-dependent bug is found and
+    shrunk to the same minimal example on both simulated ranks, a property
+    gets a second slice with its fixtures set up again (it fails there, on
+    purpose, so the session ends by itself), a property needing more ranks
+    than ``--sim`` is skipped, and a simulated ci-like run with the database
+    replays the stored example first. Deterministic: the first slice's 10
+    distinct examples of 0..100 include one above 3."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        pytest.skip("runs pytest subprocesses that must not join this rank's world; "
+                    "plain pytest only")
+    import json
+    import sys
+
+    pytester.makeconftest('pytest_plugins = ["launch.hypothesis_lockstep"]\n')
+    pytester.makepyfile(test_s=SIM_TESTS)
+    db, calls = tmp_path / "db", tmp_path / "calls"
+    res = pytester.run(sys.executable, "-m", "launch", "fuzz", "test_s.py", "--sim", "2",
+                       "--minutes", "2", "--slice", "0.5", "--db", str(db),
+                       "--log-dir", str(tmp_path / "logs"),
+                       timeout=240)
+    out = res.stdout.str()
+    assert res.ret == 1, out  # new failures; nothing left to run ends the session
+    assert "2 simulated ranks" in out and "FAILED test_s.py::test_sum" in out
+    (world,) = (tmp_path / "logs").glob("fuzz-*/world0.log")
+    cmd = world.read_text().splitlines()[0]
+    assert "--dist-sim" in cmd and "torch.distributed.run" not in cmd
+    state = json.loads((db / "fuzz-state.json").read_text())
+    fails = {f["nodeid"]: f for f in state["failures"]}
+    assert set(fails) == {"test_s.py::test_sum", "test_s.py::test_second"}
+    second = fails["test_s.py::test_second"]
+    assert second["exc_type"] == "AssertionError", second  # not a fixture left unset
+    assert "reached a second slice" in second["message"]
+    f = fails["test_s.py::test_sum"]
+    assert f["example"] == "x=4"
+    assert set(f["per_rank"]) == {"0", "1"} and len(set(f["per_rank"].values())) == 1
+    assert "--nproc_per_node=2" in f["replay"] and "--dist-sim" not in f["replay"]
+    props = {p["nodeid"]: p for p in state["props"]}
+    assert "world_size(4) > --sim 2" in props["test_s.py::test_big"]["skipped"]
+    assert props["test_s.py::test_second"]["slices"] == 2
+    monkeypatch.setenv("LAUNCH_FUZZ_DB", str(db))
+    monkeypatch.setenv("CALLS", str(calls))
+    res = pytester.run(sys.executable, "-m", "pytest", "-p", "launch.fuzz.replay", "--dist-sim",
+                       "-p", "no:cacheprovider", "--hypothesis-profile=ci", "test_s.py::test_sum",
+                       timeout=240)
+    assert res.ret == 1, res.stdout.str()
+    assert calls.read_text().splitlines()[0] == "4"  # the stored example ran first
