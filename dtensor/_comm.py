@@ -1,22 +1,8 @@
-"""The only module that calls ``torch.distributed``.
+"""The only module that calls ``torch.distributed`` collectives.
 
-Process groups for mesh axes are created here, once per distinct rank tuple,
-by the member ranks only, under a name derived from the ranks alone. Neither
-the world nor non-members take part, so a sub-mesh can be built by just its
-ranks and never hangs the others. (``dist.new_group(use_local_synchronization=
-True)`` cannot promise that: its group names depend on how many groups each
-process made before, so members with different histories pick different
-names and wait for each other forever.)
-
-A group's name is a pure function of the world and its ranks
-(``world_tag()`` + ranks, + how many groups of those ranks the world
-destroyed before: ``destroy_process_group`` of one group forgets only that
-group), so compiled code, which bakes group names into its
-generated code, names the same group in every process of the same world
-configuration, and never a group of another world (see ``dtensor.mesh``:
-the world tag is part of how a mesh is named in generated code, hence part of
-every compile cache key). Groups live as long as their world, whatever
-happens to the meshes that asked for them.
+Process groups come from ``dtensor._groups`` (created by their members only,
+named by world and ranks, forgotten when their world ends); ``group_for``,
+``world_tag`` and ``on_world_end`` are re-exported here for the callers.
 
 Collectives take plain local tensors and a group, and know nothing of specs.
 Every call is counted when a ``CommCounter`` is active.
@@ -24,16 +10,15 @@ Every call is counted when a ``CommCounter`` is active.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import threading
 from collections import Counter
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+# Re-exported: the runtime and its tests reach groups as ``_comm.*``.
+from ._groups import _groups, group_for, group_name_for, on_world_end, world_tag  # noqa: F401
 from .errors import ShardingError
 
 __all__ = [
@@ -55,15 +40,6 @@ _funcol_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _tracing = torch.compiler.is_compiling
 
-# id(default group) -> (default group, {ranks: group}, lock, {ranks: times
-# destroyed}). Holding the default group keeps its id from being reused by a
-# later world's group.
-# Per world, since a rank's default group is its own: ranks sharing a
-# process (a simulated world, launch/sim*.py) each have theirs, and one
-# rank's group creation (a store barrier with its peers) must not hold a
-# lock the peers need to reach that barrier.
-_groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock, Counter]] = {}
-_groups_lock = threading.Lock()
 # Listeners, each with the simulated rank that pushed it (None in a process
 # that is one rank): a rank counts only its own collectives.
 _counters: list[tuple[object, int | None]] = []
@@ -128,138 +104,6 @@ def pop_counter(c: Counter) -> None:
             del _counters[i]
             return
     raise ValueError(f"pop_counter: {c!r} is not listening")
-
-
-def world_tag() -> str:
-    """Names the current world: equal on all its ranks, stable across runs.
-
-    ``"local"`` without a process group. Worlds of the same configuration (the
-    default group's name and size) share a tag, so on-disk compile caches
-    carry over between runs of the same launch; different worlds, e.g. a
-    4-rank world and a 2-rank world or a sub-world swapped in by a test
-    service, get different tags, so a program compiled in one is never
-    replayed in another.
-    """
-    if not is_initialized():
-        return "local"
-    pg = dist.distributed_c10d._get_default_group()
-    name = str(pg.group_name).replace(":", ".")
-    return f"{name}.{pg.size()}"
-
-
-def group_for(ranks: Sequence[int]):
-    """The process group of exactly ``ranks`` (in that order); members only.
-
-    Cached per world and rank tuple for the world's lifetime (never tied to the
-    mesh that asked first). The group spanning the whole world in rank order is
-    the default group, so 1-D meshes over the world create nothing.
-    """
-    ranks = tuple(int(r) for r in ranks)
-    world = dist.distributed_c10d._get_default_group()
-    entry = _groups.get(id(world))
-    if entry is not None and entry[0] is world:
-        group = entry[1].get(ranks)
-        if group is not None:
-            return group
-    with _groups_lock:
-        entry = _groups.get(id(world))
-        if entry is None or entry[0] is not world:
-            entry = _groups[id(world)] = (world, {}, threading.Lock(), Counter())
-    with entry[2]:
-        group = entry[1].get(ranks)
-        if group is None:
-            group = entry[1][ranks] = _create_group(ranks, entry[3][ranks])
-    return group
-
-
-_on_world_end: list = []  # callbacks: dispatch drops plans that hold the world's meshes
-on_world_end = _on_world_end.append  # callback() after dist.destroy_process_group()
-
-
-def _wrap_destroy(destroy):
-    def destroy_process_group(group=None):
-        target = group if group is not None else dist.distributed_c10d._world.default_pg
-        destroy(group)
-        with _groups_lock:
-            for key, (world, groups, _lock, destroyed) in list(_groups.items()):
-                if world is target:  # the world ended, and its groups with it
-                    del _groups[key]
-                    continue
-                # One group ended: forget only it. (Forgetting the world's
-                # others made the ranks that destroyed it re-create them by
-                # their still registered names and fail, while the other
-                # members went on into a collective and waited for good.)
-                for ranks in [r for r, g in groups.items() if g is target]:
-                    del groups[ranks]
-                    destroyed[ranks] += 1
-        for callback in _on_world_end:
-            callback()
-
-    destroy_process_group.__wrapped__, destroy_process_group._dtensor_hook = destroy, True
-    destroy_process_group.__doc__ = destroy.__doc__
-    return destroy_process_group
-
-
-# A world's end goes through here (not a guess from c10d's registry: the test
-# service's sub-worlds swap live worlds out of it), so nothing keeps a
-# destroyed world's groups alive through cached plans and meshes.
-if not getattr(dist.destroy_process_group, "_dtensor_hook", False):
-    dist.destroy_process_group = _wrap_destroy(dist.destroy_process_group)
-    dist.distributed_c10d.destroy_process_group = dist.destroy_process_group
-
-
-def _end_world_at_exit() -> None:
-    # Gloo's worker threads drop their last finished work (and its tensors)
-    # after the caller's wait() returns; if the interpreter is already
-    # finalizing, taking the GIL there aborts the process ("terminate called
-    # without an active exception": 5 of 20 two-rank plain-torch scripts whose
-    # last act is an all_gather). Ending the world and freeing what it leaves
-    # while Python is still whole lets those threads finish first (0 of 40).
-    # Bounded: a worker stuck in a peer's collective must not hang the exit.
-    if dist.is_available() and dist.is_initialized():
-        ender = threading.Thread(target=lambda: (dist.destroy_process_group(), gc.collect()),
-                                 daemon=True)
-        ender.start()
-        ender.join(timeout=10.0)
-
-
-atexit.register(_end_world_at_exit)
-
-
-def group_name_for(ranks: Sequence[int], generation: int = 0) -> str:
-    """The deterministic name ``group_for(ranks)`` registers (non-world groups).
-
-    ``generation``: how many groups of these ranks this world destroyed. A
-    re-created group gets a new name, since Gloo's rendezvous would otherwise
-    find the destroyed group's addresses under the same keys of the store.
-    """
-    name = f"dtensor:{world_tag()}:" + "_".join(str(int(r)) for r in ranks)
-    return f"{name}~{generation}" if generation else name
-
-
-def _create_group(ranks: tuple[int, ...], generation: int = 0):
-    me = dist.get_rank()
-    if me not in ranks:
-        raise AssertionError(f"rank {me} asked for group {ranks} it is not in")
-    if ranks == tuple(range(dist.get_world_size())):
-        return dist.group.WORLD
-    c10d = dist.distributed_c10d
-    name = group_name_for(ranks, generation)
-    try:
-        group, _ = c10d._new_process_group_helper(
-            len(ranks),
-            ranks.index(me),
-            list(ranks),
-            dist.get_backend(),
-            c10d._get_default_store(),
-            c10d.GroupName(name) if hasattr(c10d, "GroupName") else name,
-            timeout=c10d.default_pg_timeout,
-        )
-    except TypeError:  # pragma: no cover - private helper changed signature
-        # NOTE: fallback with the naming caveat from the module docstring.
-        return dist.new_group(list(ranks), use_local_synchronization=True)
-    c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
-    return group
 
 
 # Collectives --------------------------------------------------------------

@@ -164,7 +164,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_persist.py",
     )),
     ("comm", (
-        "_comm.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",
+        "_comm.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",
         "_compile.py", "_local_check.py",
     )),
     ("redistribute", ("redistribute.py",)),
