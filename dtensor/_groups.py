@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import gc
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -87,10 +88,14 @@ _on_world_end: list = []  # callbacks: dispatch drops plans that hold the world'
 on_world_end = _on_world_end.append  # callback() after dist.destroy_process_group()
 
 
+_ended: list[bool] = []  # a group was destroyed in this process (the exit hook's cue)
+
+
 def _wrap_destroy(destroy):
     def destroy_process_group(group=None):
         target = group if group is not None else dist.distributed_c10d._world.default_pg
         destroy(group)
+        _ended.append(True)  # never the group: holding it would keep its workers alive
         with _groups_lock:
             for key, (world, groups, _lock, destroyed) in list(_groups.items()):
                 if world is target:  # the world ended, and its groups with it
@@ -124,14 +129,23 @@ def _end_world_at_exit() -> None:
     # after the caller's wait() returns; if the interpreter is already
     # finalizing, taking the GIL there aborts the process ("terminate called
     # without an active exception": 5 of 20 two-rank plain-torch scripts whose
-    # last act is an all_gather). Ending the world and freeing what it leaves
-    # while Python is still whole lets those threads finish first (0 of 40).
-    # Bounded: a worker stuck in a peer's collective must not hang the exit.
-    if dist.is_available() and dist.is_initialized():
-        ender = threading.Thread(target=lambda: (dist.destroy_process_group(), gc.collect()),
-                                 daemon=True)
-        ender.start()
-        ender.join(timeout=10.0)
+    # last act is an all_gather; also after an explicit destroy, since the
+    # workers live as long as Python holds the group). Ending the world,
+    # freeing what it leaves and giving a descheduled worker a moment, while
+    # Python is still whole, narrows that window (it cannot be closed from
+    # Python). Bounded: a worker stuck in a peer's collective must not hang.
+    if not dist.is_available() or not (dist.is_initialized() or _ended):
+        return
+
+    def end() -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+
+    ender = threading.Thread(target=end, daemon=True)
+    ender.start()
+    ender.join(timeout=10.0)
+    time.sleep(0.1)
 
 
 atexit.register(_end_world_at_exit)
