@@ -221,6 +221,25 @@ def test_cuda_mesh_on_a_cpu_only_machine_is_our_error_on_every_rank(world) -> No
         DeviceMesh("tpu", [0, 1])
 
 
+def _rebuilt_2x2(world, before, after: str):
+    """The 2x2 ("dp", "tp") mesh built again; it must reuse the groups in
+    ``before``. The ranks vote before any collective on it, so a failure on
+    some ranks fails every rank instead of hanging the others."""
+    again, problem = None, None
+    try:
+        again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
+        problem = None if all(same) else f"groups per axis reused: {same}"
+    except Exception as e:  # any error: every rank must reach the vote below
+        problem = repr(e)
+    votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(votes, torch.tensor([float(problem is not None)]))
+    bad = [r for r, v in enumerate(votes) if v.item()]
+    assert not bad, (f"rebuilding the 2x2 mesh after ranks 0-1 {after} failed on ranks "
+                     f"{bad}; here (rank {world.rank}): {problem}")
+    return again
+
+
 @pytest.mark.world_size(4)
 @pytest.mark.dist_timeout(120)
 def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
@@ -235,19 +254,7 @@ def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
     if world.rank in (0, 1):
         pair = DeviceMesh("cpu", [1, 0])  # a group no other mesh here uses
         dist.destroy_process_group(pair.get_group())
-    try:
-        again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
-        same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
-        problem = None if all(same) else f"groups per axis reused: {same}"
-    except Exception as e:  # any error: every rank must reach the vote below
-        problem = repr(e)
-    # Vote before any collective on the rebuilt mesh, so a failure on some
-    # ranks fails every rank instead of hanging the others.
-    votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
-    dist.all_gather(votes, torch.tensor([float(problem is not None)]))
-    bad = [r for r, v in enumerate(votes) if v.item()]
-    assert not bad, (f"rebuilding the 2x2 mesh after ranks 0-1 destroyed their pair group "
-                     f"failed on ranks {bad}; here (rank {world.rank}): {problem}")
+    again = _rebuilt_2x2(world, before, "destroyed their pair group")
     x = distribute_tensor(torch.arange(8.0), again["dp", "tp"]._flatten("dp_tp"), [Shard(0)])
     assert torch.equal(x.full_tensor(), torch.arange(8.0))
     if world.rank in (0, 1):
@@ -280,17 +287,7 @@ def test_a_sub_world_swapped_in_and_out_leaves_the_worlds_groups_alone(world) ->
             t = torch.tensor([1.0])
             dist.all_reduce(t, group=inner.get_group())
             assert t.item() == 2.0
-    try:
-        again = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
-        same = [a is b for a, b in zip(again.get_all_groups(), before, strict=True)]
-        problem = None if all(same) else f"groups per axis reused: {same}"
-    except Exception as e:  # any error: every rank must reach the vote below
-        problem = repr(e)
-    votes = [torch.zeros(1) for _ in range(dist.get_world_size())]
-    dist.all_gather(votes, torch.tensor([float(problem is not None)]))
-    bad = [r for r, v in enumerate(votes) if v.item()]
-    assert not bad, (f"rebuilding the 2x2 mesh after ranks 0-1 visited a sub-world failed "
-                     f"on ranks {bad}; here (rank {world.rank}): {problem}")
+    again = _rebuilt_2x2(world, before, "visited a sub-world")
     flat = again["tp", "dp"]._flatten("tp_dp")
     x = distribute_tensor(torch.arange(8.0), flat, [Shard(0)])
     assert torch.equal(x.full_tensor(), torch.arange(8.0))

@@ -6,6 +6,7 @@ Public and importable without a process group; the runtime never imports it.
 from __future__ import annotations
 
 from dtensor.testing.asserts import (
+    agree_on,
     assert_local_is_empty,
     assert_matches_single_device,
     tolerances,
@@ -37,6 +38,7 @@ __all__ = [
     "DistributedInput",
     "Impl",
     "MeshLayout",
+    "agree_on",
     "assert_coordinate",
     "assert_layout",
     "assert_local_is_empty",

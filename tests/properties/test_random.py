@@ -33,6 +33,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from dtensor.testing import (
+    agree_on,
     assert_layout,
     assert_local_is_empty,
     assert_matches_single_device,
@@ -414,21 +415,11 @@ def _gather(outs: tuple, world) -> list[tuple[Any, torch.Tensor | None]]:
     while the others wait in the collective, a hang that the watchdog ends
     after minutes and that Hypothesis cannot shrink.
     """
-    import torch.distributed as dist
-
-    bad = None
-    for out in outs:
-        try:
+    def check() -> None:
+        for out in outs:
             assert_layout(out, None, msg="before full_tensor()")
-        except AssertionError as e:
-            bad = bad or e
-    verdict = torch.tensor([0 if bad is None else 1])
-    dist.all_reduce(verdict, group=world.group)
-    if bad is not None:
-        raise bad
-    if verdict.item():
-        raise AssertionError(f"rank {world.rank}: another rank's block has the wrong "
-                             "shape (its error names it); full_tensor() skipped")
+
+    agree_on(check, world.group, "its block-shape check before full_tensor()")
     return [(out, out.full_tensor() if out.device_mesh.get_coordinate() is not None
              else None) for out in outs]
 

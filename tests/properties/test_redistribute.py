@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dtensor.placement import REDUCE_OPS, Partial
 from dtensor.testing import (
+    agree_on,
     assert_matches_single_device,
     distributed_inputs,
     dtypes,
@@ -107,27 +108,10 @@ def test_gradients_equal_single_device_gradients(n_ranks, world, impl, data):
     y = dt.redistribute(inp.mesh, impl.placements(dst))
     # Agreed before full_tensor(): a rank failing its own block check alone
     # would leave the others waiting in the gather (a hang, unshrinkable).
-    _agreed(world, lambda: assert_matches_single_device(y.detach(), x))
+    agree_on(lambda: assert_matches_single_device(y.detach(), x), world.group,
+             "the block check before full_tensor()")
     (y.full_tensor() * weight).sum().backward()
     assert dt.grad is not None, f"rank {world.rank}: no gradient reached the leaf"
     assert_matches_single_device(dt.grad, weight, msg=(
         f"gradient of sum(full_tensor * w) through {inp.placements} -> {dst}"))
 
-
-def _agreed(world, check) -> None:
-    """Run ``check`` here, then agree with the test's world on the verdict, so
-    every rank fails together instead of some entering the next collective."""
-    import torch.distributed as dist
-
-    err = None
-    try:
-        check()
-    except AssertionError as e:
-        err = e
-    failed = torch.tensor([0 if err is None else 1])
-    dist.all_reduce(failed, group=world.group)
-    if err is not None:
-        raise err
-    if failed.item():
-        raise AssertionError(f"rank {world.rank}: another rank failed its check (its error "
-                             "names it); the collectives after it were skipped")
