@@ -52,10 +52,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="seconds without a new example before a world counts as hung")
     p.add_argument("--cover", default="dtensor", help="package whose coverage guides (dtensor)")
     p.add_argument("--fresh", action="store_true", help="do not resume the database's state")
-    p.add_argument("--sim", type=int, default=0, metavar="N",
+    p.add_argument("--sim", type=int, default=None, metavar="N",
                    help="simulated worlds of up to N ranks (threads of one pytest "
                         "--dist-sim process) instead of torchrun ranks")
     args, rest = p.parse_known_args(argv)
+    # Checked before any world starts: a budget or a world that cannot run
+    # must not end in an empty session that looks like a clean one.
+    for name, value, least in (("--minutes", args.minutes, None), ("--nproc", args.nproc, 1),
+                               ("--sim", args.sim, 1), ("--slice", args.slice, None),
+                               ("--hang", args.hang, None)):
+        if value is None and name == "--sim":
+            continue
+        if (least is None and not value > 0) or (least is not None and value < least):
+            p.error(f"{name} must be {'> 0' if least is None else f'>= {least}'}, got {value}"
+                    + (" (leave --sim out for real torchrun ranks)" if name == "--sim" else ""))
+    args.sim = args.sim or 0
     if "--" in rest:
         rest.remove("--")
     return args, rest or ["tests/properties"]

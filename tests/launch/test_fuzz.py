@@ -526,3 +526,26 @@ def test_a_sim_session_finds_shrinks_and_stores_a_failure_in_one_process(pyteste
                        timeout=240)
     assert res.ret == 1, res.stdout.str()
     assert calls.read_text().splitlines()[0] == "4"  # the stored example ran first
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--sim", "0"], "--sim must be >= 1, got 0"),
+    (["--minutes", "0"], "--minutes must be > 0, got 0.0"),
+    (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    (["--hang", "-1"], "--hang must be > 0, got -1.0"),
+])
+def test_a_session_that_cannot_run_is_refused_before_any_world_starts(argv, says, capsys):
+    # Was: --sim 0 silently ran real ranks and --minutes 0 an empty session
+    # that reported "0 new failures" like a clean one.
+    from launch.fuzz.cli import parse
+
+    with pytest.raises(SystemExit):
+        parse(["tests/properties", *argv])
+    assert says in capsys.readouterr().err
+
+
+def test_sim_left_out_means_real_ranks():
+    from launch.fuzz.cli import parse
+
+    args, rest = parse(["tests/properties", "--nproc", "4"])
+    assert (args.sim, args.nproc, rest) == (0, 4, ["tests/properties"])
