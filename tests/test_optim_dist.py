@@ -200,6 +200,53 @@ def test_clip_grad_norm_default_flags_one_scalar_all_reduce(world, n, norm_type)
         torch.testing.assert_close(_full(p.grad), q.grad, **TOL)
 
 
+DEFAULTS = {
+    "sgd": (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "sgd", "_multi_tensor_sgd"),
+    "adam": (lambda ps: torch.optim.Adam(ps, lr=0.05), "adam", "_multi_tensor_adam"),
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=0.05), "adam", "_multi_tensor_adam"),
+}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_default_flag_optimizers_take_the_foreach_path(world, name, monkeypatch) -> None:
+    """Default flags (foreach=None) on DTensor parameters: each step runs the
+    foreach implementation (one dispatch per op for the whole list, not one
+    per parameter; dtensor/dispatch/optim.py), equal to single device, with no
+    communication, and the user's flag reads None again after the step. A
+    group holding a plain tensor keeps torch's per-parameter loop."""
+    import importlib
+
+    from dtensor.debug import CommCounter
+
+    make, module, multi = DEFAULTS[name]
+    mod = importlib.import_module(f"torch.optim.{module}")
+    calls = []
+    real = getattr(mod, multi)
+    monkeypatch.setattr(mod, multi, lambda *a, **k: calls.append(1) or real(*a, **k))
+    ref, model = _pair(2)
+    opt_ref, opt = make(ref.parameters()), make(model.parameters())
+    g = torch.Generator().manual_seed(6)
+    for step in range(3):
+        x = torch.randn(4, 6, generator=g)
+        _loss(ref, x).backward()
+        opt_ref.step()  # plain CPU tensors: torch's loop (no foreach call)
+        opt_ref.zero_grad()
+        _loss(model, x).backward()
+        with CommCounter() as c:
+            opt.step()
+        opt.zero_grad()
+        assert c.total == 0, c.counts
+        assert len(calls) == step + 1
+        assert opt.param_groups[0]["foreach"] is None
+    _check_params(model, ref, {"atol": 2e-5, "rtol": 1e-4})
+    mixed = make([*model.parameters(), nn.Parameter(torch.ones(3))])
+    _loss(model, torch.randn(4, 6, generator=g)).backward()
+    mixed.param_groups[0]["params"][-1].grad = torch.ones(3)
+    mixed.step()
+    assert len(calls) == 3
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_foreach_optimizer_step_never_communicates(world, name) -> None:

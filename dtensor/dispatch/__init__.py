@@ -10,11 +10,12 @@ back, wrap the results once. Every stage reads the op's one record
 
 Dispatch sits below the DTensor class (the class calls it), so it never
 imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
+``optim``: default-flag SGD/Adam/AdamW over DTensors take the foreach path.
 """
 
 from __future__ import annotations
 
-from dtensor.dispatch import call, execute, fast, form, general, random_ops, wrap
+from dtensor.dispatch import call, execute, fast, form, general, optim, random_ops, wrap
 from dtensor.dispatch.cache import forget
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
@@ -24,5 +25,6 @@ __all__ = ["dispatch", "forget", "implicit_replication", "serve"]
 
 def serve(tensor_type: type) -> None:
     """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor)."""
-    for module in (call, execute, fast, form, general, random_ops, wrap):
+    for module in (call, execute, fast, form, general, optim, random_ops, wrap):
         module.DTensor = tensor_type
+    optim.install()
