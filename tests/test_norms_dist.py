@@ -1,7 +1,8 @@
 """Covers: dtensor/rules/norms.py on Gloo worlds: vector norms of sharded
 tensors (p = 2, 1, 3, 0, -1, inf, -inf; all dims or some, uneven and empty
 shards, NaN on one shard) equal the single-device norms and never gather;
-``_foreach_norm`` sends one all-reduce per group of elements sharded alike."""
+``_foreach_norm`` sends one all-reduce per group of elements sharded alike,
+from the fast path (dtensor/dispatch/form.py) on repeated calls."""
 
 from __future__ import annotations
 
@@ -89,3 +90,33 @@ def test_foreach_norm_sends_one_all_reduce_per_group(world, n) -> None:
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert a.placements == (Replicate(),)
             torch.testing.assert_close(a.full_tensor(), b, **TOL, msg=lambda m, i=i: f"{p} #{i}: {m}")
+
+
+@pytest.mark.world_size(2)
+def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypatch) -> None:
+    """The second ``_foreach_norm`` with the same key (every clipping step)
+    skips the general path: its plan's fast form runs the combining ``local``
+    on the list's pieces, with the same result and the one all-reduce."""
+    from dtensor.dispatch import general
+    from dtensor.dispatch.cache import TABLE
+    from dtensor.dispatch.form import FAST_LOCAL
+
+    mesh = _mesh(2)
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(8, 6, generator=g), torch.randn(4, generator=g), torch.randn(3, 4, generator=g)]
+    ds = [distribute_tensor(x, mesh, pl)
+          for x, pl in zip(xs, [[Shard(0)], [Replicate()], [Shard(1)]], strict=True)]
+    want = torch._foreach_norm(xs, 2.0)
+    first = torch._foreach_norm(ds, 2.0)
+    forms = [p.fast for k, p in TABLE.items() if k[0] == torch.ops.aten._foreach_norm.Scalar._op]
+    assert any(f is not None and f[0] == FAST_LOCAL for f in forms), forms
+    runs = []
+    real = general.run
+    monkeypatch.setattr(general, "run", lambda *a: runs.append(1) or real(*a))
+    with CommCounter() as c:
+        again = torch._foreach_norm(ds, 2.0)
+    assert runs == [] and c.counts == {"all_reduce": 1}, (runs, c.counts)
+    for a, b, w in zip(first, again, want, strict=True):
+        assert a.placements == b.placements == (Replicate(),)
+        torch.testing.assert_close(b.full_tensor(), w, **TOL)
+        torch.testing.assert_close(a.full_tensor(), b.full_tensor(), rtol=0, atol=0)

@@ -151,9 +151,8 @@ def dispatch(func, args, kwargs):
         op(*loc, **kwargs)
         return None
     if kind == FAST_LOCAL:
-        local, first, out_specs = extra
-        coord = args[first]._spec.mesh.get_coordinate()
-        out = local(func, coord, out_specs, tuple(loc), kwargs)
+        local, mesh, out_specs = extra
+        out = local(func, mesh.get_coordinate(), out_specs, tuple(loc), kwargs)
         if isinstance(out, torch.Tensor):
             return wrap(out, args[0]._spec if spec is None else spec)
         return type(out)(map(wrap, out, out_specs))

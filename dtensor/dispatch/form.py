@@ -7,7 +7,7 @@ one result with ``spec`` (None: the first operand's spec object, handed
 over as is), SELF hands back the in-place operand, MANY wraps each tensor of
 a tuple or list with ``spec`` (a tuple of specs; ``extra``: the container
 type), LOCAL runs the rule's ``local`` function (``extra``: the function,
-the index of the first DTensor argument, the output specs), NONE runs an
+the mesh of the first DTensor argument, the output specs), NONE runs an
 op that returns nothing (in-place foreach ops: an optimizer step).
 
 Only plans that move nothing get one: no redistribution, no write-back, no
@@ -67,10 +67,12 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, out_specs=None):
         or (returns == TUPLE and len(out_specs) == len(info.func._schema.returns))
     )
     if plan is not None and plan.local is not None:
-        if first is None or not (returns == ONE or many):
+        # NOTE: the first DTensor may sit in a list (``_foreach_norm``): the
+        # form keeps the mesh, whose coordinate the local function reads.
+        if not (returns == ONE or many):
             return None
         spec = None if same else out_specs[0] if returns == ONE else None
-        return (FAST_LOCAL, None, spec, None, None, None, (plan.local, first, out_specs))
+        return (FAST_LOCAL, None, spec, None, None, None, (plan.local, mesh, out_specs))
     loc = [a._local_tensor if type(a) is DTensor else a for a in args]
     loc = [_locals(a) if type(a) in (list, tuple) else a for a in loc]
     op = info.binding(loc, kwargs)

@@ -186,15 +186,20 @@ def _foreach_combined(groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...
                      else torch.linalg.vector_norm(x, p, dtype=dtype)
                      for i, x in enumerate(xs)]
         mesh = out_specs[0].mesh
+        root = p not in (0.0, math.inf, -math.inf)
         for axes, idx in groups:
-            shares = torch.stack([
-                local_share(xs[i], p, None, False, dtype) if norms[i] is None
-                else (norms[i] if p in (0.0, math.inf, -math.inf) else norms[i].pow(p))
-                for i in idx
-            ])
+            vals = [norms[i] for i in idx]
+            if all(v is not None for v in vals):  # one stack and one pow per group
+                shares = torch.stack(vals).pow(p) if root else torch.stack(vals)
+            else:  # empty pieces of uneven shards: see local_share
+                shares = torch.stack([
+                    local_share(xs[i], p, None, False, dtype) if v is None
+                    else v.pow(p) if root else v
+                    for i, v in zip(idx, vals, strict=True)
+                ])
             total = combine_shares(shares, p, mesh, axes)
-            for j, i in enumerate(idx):
-                norms[i] = total[j]
+            for i, t in zip(idx, total.unbind(), strict=True):
+                norms[i] = t
         return norms
 
     return local
