@@ -88,7 +88,7 @@ def main() -> None:
         LOCK.append(a.lock)
     n = str(a.ranks)
     print("| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
-    tmp = tempfile.mkdtemp()
+    tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
     sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"], f"{tmp}/sim.xml")
     ex = _examples(sim_out)
     rate = ex / sim_s if ex else float("nan")

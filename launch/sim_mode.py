@@ -4,9 +4,10 @@ ranks as n threads of this process (``launch.sim``), not n processes.
 Unmarked tests run as usual. For a marked test, setup and teardown (fixtures)
 run once on the main thread, which is no rank; the test function itself runs
 on every rank thread, each with its own ``world`` (rank, size, group). A
-``@given`` test runs in lockstep (``launch.sim_lockstep``). The ranks'
-outcomes are combined as in a real world: all pass, or the test fails with
-every failing rank's error, or all skip.
+``@given`` test runs one Hypothesis engine on the main thread and every
+example on all rank threads (``launch.sim_fanout``). The ranks' outcomes are
+combined as in a real world: all pass, or the test fails with every failing
+rank's error, or all skip.
 
 Where it runs: plain ``pytest`` and each pytest-xdist worker (``-n 2``: each
 worker hosts the simulated worlds of the tests it gets). Not under torchrun:
@@ -104,30 +105,35 @@ class SimMode:
         random.seed(self.seed)
         torch.manual_seed(self.seed)
         w = sim.world(n, self.rank_init)
-        lock = None
-        if given:
-            from launch.sim_lockstep import SimLockstep
 
-            lock = SimLockstep(item, n, timeout, replay=self.replay(item, n),
-                               max_examples=self.config.getoption("dist_sim_examples"))
-
-        def body(rank: int) -> Any:
+        def rank_kwargs(rank: int, kw: dict) -> dict:
             import torch.distributed as dist
 
-            kw = dict(base)
+            kw = dict(kw)
             if "world" in kw:
                 kw["world"] = World(rank, n, tuple(range(n)), dist.group.WORLD)
-            if lock is not None:
-                return lock.call_on_rank(rank, lambda: item.obj(**kw))
-            return item.obj(**kw)
+            return kw
 
+        if given:
+            from launch.sim_fanout import SimFanout
+
+            fan = SimFanout(item, w, timeout, replay=self.replay(item, n),
+                            rank_kwargs=rank_kwargs,
+                            max_examples=self.config.getoption("dist_sim_examples"))
+            with sim.entered(), fan:
+                try:
+                    item.obj(**base)  # the engine here; every example on every rank
+                except Exception as err:
+                    err.add_note(self.real_replay(item, n))
+                    if self.config.getoption("dist_sim_confirm") and \
+                            not os.environ.get(CONFIRM_ENV):
+                        err.add_note(self.confirm(item, n))
+                    raise
+                finally:
+                    self.examples += fan.examples
+            return
         with sim.entered():
-            if lock is not None:
-                with lock:
-                    outs = w.run(body, timeout)
-                self.examples += lock.examples
-            else:
-                outs = w.run(body, timeout)
+            outs = w.run(lambda rank: item.obj(**rank_kwargs(rank, base)), timeout)
         self._combine(item, n, outs)
 
     def _combine(self, item: pytest.Item, n: int, outs: list[sim.Outcome]) -> None:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,14 @@ _SPECIAL = (float("nan"), float("inf"), float("-inf"), -0.0, 0.5, 2.0)
 
 
 def _fill(shape: tuple[int, ...], dtype: torch.dtype, fill: str, seed: int) -> torch.Tensor:
+    # Cached: shrinking redraws the same tensors, and in a simulated world
+    # every rank draws the one its rank-0 twin drew. A clone, so a test that
+    # writes into its input cannot change another draw's.
+    return _filled(tuple(shape), dtype, fill, seed).clone()
+
+
+@functools.lru_cache(maxsize=512)
+def _filled(shape: tuple[int, ...], dtype: torch.dtype, fill: str, seed: int) -> torch.Tensor:
     n = math.prod(shape)
     if fill == "arange":
         flat = torch.arange(n, dtype=torch.int64)

@@ -144,7 +144,7 @@ def test_replay_line_uses_the_database_and_keeps_env_and_options():
 
 
 SIM_FAILURE = """\
-E   launch.sim_lockstep.SimRankFailure: example failed on rank(s) [1] of [0, 1] (simulated world): x=4
+E   launch.sim_fanout.SimRankFailure: example failed on rank(s) [1] of [0, 1] (simulated world): x=4
 E   ----- rank 1 -----
 E   Traceback (most recent call last):
 E     File "/r/test_s.py", line 18, in test_sum

@@ -1,4 +1,4 @@
-"""Covers: launch/sim_mode.py and launch/sim_lockstep.py (``pytest --dist-sim``):
+"""Covers: launch/sim_mode.py and launch/sim_fanout.py (``pytest --dist-sim``):
 world_size tests run with n ranks as threads of one process, @given tests in
 lockstep across them, failures with simulated and real Replay lines, and
 ``--dist-sim-confirm`` telling runtime bugs from simulator faults."""

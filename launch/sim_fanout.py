@@ -1,0 +1,346 @@
+"""Hypothesis in a simulated world: one engine, every example fanned out to
+the rank threads.
+
+A real world runs one Hypothesis engine per rank process and keeps them in
+step (``launch.given_lockstep``). In a simulated world the ranks share one
+interpreter, so the service runs **one** engine, on the main thread, and
+hands each example to every rank thread (``SimWorld.run``): the ranks get the
+same drawn values by construction, the engine's generation, shrinking and
+database work is done once instead of n times, and nothing the engines
+share (Python's ``random``, Hypothesis' caches) can make the ranks draw
+different examples, which is what broke an engine-per-thread design.
+
+The engine runs with the settings a real rank's engine gets (no deadline,
+no timing health checks, no ``explain`` phase), so a derandomized run draws
+the same example sequence simulated and real, hence gives the same verdicts.
+
+Draws made inside the test body (``st.data()``) are shared too: the first
+rank to reach its k-th draw draws it from the engine (under a lock, with the
+engine's build context); the others replay the choices that draw made
+through their own strategy object on their own thread, so each rank builds
+its own value (a mesh holds its rank's groups), as each real rank does. A rank that draws more or fewer
+times than rank 0 is reported as a divergence (examples must not depend on
+the rank).
+
+Per example the ranks' outcomes are combined as a real world combines them:
+a failure on any rank fails the example on all (one ``SimRankFailure`` naming
+the ranks, their errors and the drawn values, which the engine then shrinks);
+an assumption rejected anywhere rejects it; Hypothesis' own control flow
+(end of data, skips) is re-raised to the engine.
+
+Example (what ``launch.sim_mode`` does for a ``@given`` test)::
+
+    with SimFanout(item, world, timeout=300, replay="Replay: ...",
+                   rank_kwargs=per_rank) as fan:
+        item.obj(**fixtures)          # Hypothesis runs here; bodies on the ranks
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+__all__ = ["SimDivergence", "SimFanout", "SimRankFailure"]
+
+_TIMING_CHECKS = ("too_slow", "differing_executors", "function_scoped_fixture")
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range)
+
+
+class SimDivergence(BaseException):
+    """Ranks did different things with one example (a BaseException: never shrunk)."""
+
+
+class SimRankFailure(AssertionError):
+    """An example failed on some rank of a simulated world."""
+
+
+def _private(value: Any) -> Any:
+    """A copy of a drawn value for one rank (a real rank draws its own object)."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if type(value) is tuple and all(isinstance(v, _IMMUTABLE) for v in value):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # uncopyable: shared, as the engine's own object
+        return value
+
+
+def _is_data(v: Any) -> bool:
+    return type(v).__name__ == "DataObject" and hasattr(v, "draw")
+
+
+class _Slot:
+    """The k-th ``data.draw`` of one example: drawn once, streamed to the others."""
+
+    __slots__ = ("done", "end", "error", "nodes", "start", "text")
+
+    def __init__(self, nodes: list, start: int) -> None:
+        self.nodes, self.start = nodes, start  # the engine's choice list grows as it draws
+        self.end = -1  # len(nodes) when the draw ended
+        self.done = False
+        self.error: BaseException | None = None
+        self.text = ""
+
+
+class _SharedDraws:
+    """One ``st.data()`` object of one example, seen by all ranks.
+
+    The first rank to reach its k-th draw draws from the engine; the others
+    draw the same strategy (their own object, on their own thread) from the
+    choices the engine makes, read as they appear. They must not wait for the
+    whole draw: a strategy that builds a mesh is collective over its ranks,
+    so the ranks' draws have to run side by side, as in a real world.
+    """
+
+    def __init__(self, real: Any, context: Any, n: int, timeout: float) -> None:
+        self.real, self.context, self.timeout = real, context, timeout
+        self.cond = threading.Condition()
+        self.slots: list[_Slot] = []
+        self.counts = [0] * n
+
+    @property
+    def texts(self) -> list[str]:
+        return [s.text for s in self.slots if s.text]
+
+    def for_rank(self, rank: int) -> _RankData:
+        return _RankData(self, rank)
+
+    def draw(self, rank: int, strategy: Any, label: Any) -> Any:
+        from hypothesis.control import _current_build_context
+        from hypothesis.internal.conjecture.data import ConjectureData
+
+        with self.cond:
+            k = self.counts[rank]
+            self.counts[rank] += 1
+            first = k == len(self.slots)
+            if first:
+                cd = self.real.conjecture_data
+                cd._nodes = nodes = _Announcing(cd._nodes, self.cond)
+                slot = _Slot(nodes, len(nodes))
+                self.slots.append(slot)
+            else:
+                slot = self.slots[k]
+        if first:
+            try:
+                with _current_build_context.with_value(self.context):
+                    value = self.real.draw(strategy, label)
+                slot.text = f"draw {k + 1}: {value!r}"[:300]
+                return value
+            except BaseException as e:
+                slot.error = e
+                raise
+            finally:
+                with self.cond:
+                    slot.end, slot.done = len(slot.nodes), True
+                    self.cond.notify_all()
+                cd._nodes = list(cd._nodes)
+        replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
+        value = replay.draw(strategy)
+        with self.cond:  # the replay must use exactly the drawer's choices
+            while not slot.done:
+                self.cond.wait(1.0)
+        if slot.error is None and len(replay.nodes) != slot.end - slot.start:
+            raise SimDivergence(f"rank {rank}'s draw {k + 1} made {len(replay.nodes)} "
+                                f"choices, the engine's {slot.end - slot.start}")
+        return value
+
+    def next_choice(self, slot: _Slot, i: int) -> tuple[Any, int]:
+        """The drawer's first unforced choice at or after offset ``i`` of
+        ``slot`` (waiting for it to be made), and the offset after it. Forced
+        choices are the strategy's own, made again by the replay."""
+        end = time.monotonic() + self.timeout
+        with self.cond:
+            while True:
+                stop = slot.end if slot.done else len(slot.nodes)
+                while slot.start + i < stop and slot.nodes[slot.start + i].was_forced:
+                    i += 1
+                if slot.start + i < stop:
+                    return slot.nodes[slot.start + i].value, i + 1
+                if slot.done:
+                    if slot.error is not None:
+                        raise slot.error
+                    raise SimDivergence(f"a replayed draw asked for choice {i + 1}; the "
+                                        f"engine's draw made {slot.end - slot.start}")
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise SimDivergence("a replayed draw waited too long for the engine")
+                self.cond.wait(min(left, 1.0))
+
+
+class _Announcing(list):
+    """The engine's choice list during a shared draw: each new choice wakes
+    the ranks replaying it (polling instead costs the drawer the GIL)."""
+
+    def __init__(self, items: list, cond: threading.Condition) -> None:
+        super().__init__(items)
+        self.cond = cond
+
+    def append(self, node: Any) -> None:
+        super().append(node)
+        with self.cond:
+            self.cond.notify_all()
+
+
+_PROVIDER: list[type] = []
+
+
+def _stream_provider() -> type:
+    """A Hypothesis provider whose choices are another draw's, in order."""
+    if _PROVIDER:
+        return _PROVIDER[0]
+    from hypothesis.internal.conjecture.providers import PrimitiveProvider
+
+    class StreamProvider(PrimitiveProvider):
+        lifetime = "test_case"
+
+        def __init__(self, shared: _SharedDraws, slot: _Slot) -> None:
+            super().__init__(None)
+            self.shared, self.slot, self.i = shared, slot, 0
+
+        def _next(self, *_: Any, **__: Any) -> Any:
+            value, self.i = self.shared.next_choice(self.slot, self.i)
+            return value
+
+        draw_boolean = draw_integer = draw_float = draw_string = draw_bytes = _next
+
+    _PROVIDER.append(StreamProvider)
+    return StreamProvider
+
+
+class _RankData:
+    """What a rank's test body sees as its ``st.data()`` argument."""
+
+    def __init__(self, shared: _SharedDraws, rank: int) -> None:
+        self._shared, self._rank = shared, rank
+
+    def draw(self, strategy: Any, label: Any = None) -> Any:
+        return self._shared.draw(self._rank, strategy, label)
+
+    def __repr__(self) -> str:
+        return "data(...)"
+
+
+class SimFanout:
+    """Runs one ``@given`` test's engine here, its examples on ``world``'s ranks.
+
+    ``rank_kwargs(rank, kwargs)`` gives the keyword arguments of one rank's
+    call (e.g. its own ``world`` fixture value); drawn values are copied per
+    rank by the fan-out itself.
+    """
+
+    def __init__(self, item: pytest.Item, world: Any, timeout: float, replay: str,
+                 rank_kwargs: Callable[[int, dict], dict],
+                 max_examples: int | None = None) -> None:
+        self.item, self.world, self.n, self.replay = item, world, world.n, replay
+        self.timeout, self.rank_kwargs, self.max_examples = timeout, rank_kwargs, max_examples
+        self.fn = getattr(item.obj, "__func__", item.obj)
+        self.handle = self.fn.hypothesis
+        self.given = set(getattr(self.handle, "_given_kwargs", {}) or {})
+        self.examples = 0
+        self.deadline = 0.0
+
+    def __enter__(self) -> SimFanout:
+        from hypothesis import HealthCheck, Phase, settings
+
+        fn = self.fn
+        self._saved = (self.handle.inner_test, fn._hypothesis_internal_use_settings)
+        current = fn._hypothesis_internal_use_settings
+        checks = list(dict.fromkeys([*current.suppress_health_check,
+                                     *(getattr(HealthCheck, c) for c in _TIMING_CHECKS)]))
+        more = {"max_examples": self.max_examples} if self.max_examples else {}
+        fn._hypothesis_internal_use_settings = settings(
+            current, **more, deadline=None, suppress_health_check=checks,
+            phases=[p for p in current.phases if p != Phase.explain])
+        inner = self.handle.inner_test
+
+        @functools.wraps(inner)
+        def fanned_out(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            return self._example(inner, args, kwargs)
+
+        self.handle.inner_test = fanned_out
+        self.deadline = time.monotonic() + self.timeout
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.inner_test, self.fn._hypothesis_internal_use_settings = self._saved
+
+    # -- one example ------------------------------------------------------------
+    def _example(self, inner: Any, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
+        from hypothesis.control import _current_build_context, current_build_context
+        from hypothesis.errors import UnsatisfiedAssumption
+
+        from launch.sim import SimWorld
+
+        context = current_build_context()
+        left = max(self.deadline - time.monotonic(), 1.0)
+        shared = {k: _SharedDraws(v, context, self.n, left) for k, v in kwargs.items()
+                  if k in self.given and _is_data(v)}
+        drawn = {k: v for k, v in kwargs.items() if k in self.given and k not in shared}
+
+        def on_rank(rank: int) -> Any:
+            kw = self.rank_kwargs(rank, kwargs)
+            if rank:
+                kw.update((k, _private(v)) for k, v in drawn.items())
+            kw.update((k, s.for_rank(rank)) for k, s in shared.items())
+            try:
+                with _current_build_context.with_value(context):
+                    return inner(*args, **kw)
+            except (Exception, SystemExit):
+                raise
+            except BaseException as e:
+                # Control flow (end of data, a skip) on one rank must not leave
+                # the others waiting for it in a collective.
+                SimWorld._release(e)
+                raise
+
+        outs = self.world.run(on_rank, left)
+        self.examples += 1
+        text = "; ".join(t for t in (
+            ", ".join(f"{k}={v!r}" for k, v in sorted(drawn.items())),
+            *(t for s in shared.values() for t in s.texts)) if t)[:1500]
+        hung = [o.rank for o in outs if o.hung]
+        if hung:
+            raise SimDivergence(f"{self.item.nodeid}: rank(s) {hung} of the simulated "
+                                f"{self.n}-rank world hung on example: {text}. {self.replay}")
+        for s in shared.values():
+            off = [r for r, c in enumerate(s.counts) if c != s.counts[0]]
+            if off and not any(o.error is not None for o in outs):
+                raise SimDivergence(
+                    f"{self.item.nodeid}: rank(s) {off} drew {[s.counts[r] for r in off]} "
+                    f"values, rank 0 drew {s.counts[0]}: examples must not depend on the "
+                    f"rank. {self.replay}")
+        failed = [o for o in outs if isinstance(o.error, Exception) and not o.aborted
+                  and not isinstance(o.error, UnsatisfiedAssumption)]
+        if failed:
+            lines = [f"example failed on rank(s) {[o.rank for o in failed]} of "
+                     f"{list(range(self.n))} (simulated world): {text}"]
+            for o in failed[:4]:
+                err = o.error
+                tb = "".join(traceback.format_exception(type(err), err, err.__traceback__,
+                                                        limit=-4))[-2500:]
+                lines.append(f"----- rank {o.rank} -----\n{tb.rstrip()}")
+            if len(failed) > 4:
+                lines.append(f"(and {len(failed) - 4} more ranks)")
+            lines.append(self.replay)
+            raise SimRankFailure("\n".join(lines)) from failed[0].error
+        control = [o for o in outs if o.error is not None and not isinstance(o.error, Exception)]
+        if control:
+            raise control[0].error
+        if any(isinstance(o.error, UnsatisfiedAssumption) for o in outs):
+            raise UnsatisfiedAssumption()
+        aborted = [o for o in outs if o.error is not None]
+        if aborted:  # released from a collective with no failure anywhere
+            raise SimDivergence(f"{self.item.nodeid}: rank(s) {[o.rank for o in aborted]} "
+                                f"were released from a collective: {aborted[0].error}. "
+                                f"{self.replay}")
+        return outs[0].value
