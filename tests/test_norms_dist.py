@@ -71,7 +71,16 @@ def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
     x[-1] = math.nan  # on the last rank only
     d = distribute_tensor(x, _mesh(n), [Shard(0)])
     for p in (math.inf, -math.inf, 2):
-        assert torch.isnan(torch.linalg.vector_norm(d, p).full_tensor()), p
+        with CommCounter() as c:
+            got = torch.linalg.vector_norm(d, p)
+        assert torch.isnan(got.full_tensor()), p
+        # one float32's worth per norm on the wire, the NaN included
+        assert c.bytes == {"all_reduce": 4}, (p, c.bytes)
+    y = torch.arange(4.0 * n) + 1
+    y[-1] = math.inf  # a real inf is not a NaN
+    e = distribute_tensor(y, _mesh(n), [Shard(0)])
+    assert torch.linalg.vector_norm(e, math.inf).full_tensor() == math.inf
+    assert torch.linalg.vector_norm(e, -math.inf).full_tensor() == 1.0
 
 
 @WORLDS
@@ -89,7 +98,7 @@ def test_foreach_norm_sends_one_all_reduce_per_group(world, n) -> None:
         assert c.counts == {"all_reduce": 1}, (p, c.counts)
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert a.placements == (Replicate(),)
-            torch.testing.assert_close(a.full_tensor(), b, **TOL, msg=lambda m, i=i: f"{p} #{i}: {m}")
+            torch.testing.assert_close(a.full_tensor(), b, **TOL, msg=lambda m, i=i, p=p: f"{p} #{i}: {m}")
 
 
 @pytest.mark.world_size(2)

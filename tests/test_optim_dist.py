@@ -252,7 +252,7 @@ def test_default_flag_optimizers_take_the_foreach_path(world, name, monkeypatch)
 def test_foreach_optimizer_step_never_communicates(world, name) -> None:
     from dtensor.debug import CommCounter
 
-    ref, model = _pair(2)
+    _, model = _pair(2)
     opt = OPTIMIZERS[name](model.parameters(), True)
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(4))
     for _ in range(2):

@@ -66,24 +66,44 @@ def combine_shares(shares: torch.Tensor, p: float, mesh, axes) -> torch.Tensor:
     """The ``p``-norms from shares held along mesh ``axes``: one all-reduce per
     axis (of the whole tensor ``shares``), then the root for finite ``p``."""
     how = _how(p)
-    buf = shares
-    if how != "sum":
-        # NOTE: Gloo's max/min keep whichever operand compares first, so a NaN
-        # held by one rank could vanish; a NaN flag travels in the same buffer
-        # (max of flags is their "or"; min of negated flags the same).
-        flag = torch.isnan(shares).to(shares.dtype).reshape(-1)
-        buf = torch.cat([shares.reshape(-1), flag if how == "max" else -flag])
+    buf = shares if how == "sum" else _nan_first_bits(shares, how)
     for axis in axes:
         group = mesh.axis_group(axis)
         if group is not None:
             buf = _comm.all_reduce(buf, how, group)
     if how != "sum":
-        k = shares.numel()
-        nan = buf[k:] != 0
-        buf = torch.where(nan, torch.full_like(buf[:k], math.nan), buf[:k]).reshape(shares.shape)
-    if p in (0.0, math.inf, -math.inf):
+        return _from_bits(buf, how, shares.dtype)
+    if p == 0.0:
         return buf
     return buf.pow(1.0 / p)
+
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _nan_first_bits(shares: torch.Tensor, how: str) -> torch.Tensor:
+    """Shares of a ±inf norm (each >= 0, or NaN) as integers whose max / min
+    is the float max / min with a NaN held by any rank winning.
+
+    NOTE: Gloo's float max/min keep whichever operand compares first, so a
+    NaN held by one rank could vanish. The bits of non-negative IEEE floats
+    order as integers do, and a NaN with its sign bit clear (``abs``) lies
+    above +inf: an integer max keeps it. For min a NaN becomes -1, below every
+    non-negative float. One element per norm on the wire (was two: value
+    and a NaN flag).
+    """
+    bits = shares.abs().view(_INT_OF_SIZE[shares.element_size()])
+    if how == "min":
+        bits = torch.where(torch.isnan(shares), torch.full_like(bits, -1), bits)
+    return bits
+
+
+def _from_bits(bits: torch.Tensor, how: str, dtype) -> torch.Tensor:
+    if how == "min":
+        nan = bits < 0
+        return torch.where(nan, torch.full((), math.nan, dtype=dtype),
+                           bits.clamp_min(0).view(dtype))
+    return bits.view(dtype)
 
 
 def _reduced(spec, dims) -> tuple[int, ...]:
