@@ -12,6 +12,13 @@ Run (launches its own torchrun worlds; restarts past a hung or crashed op):
 
     python bench/opinfo_sweep.py                # all ops -> docs/opinfo.{md,json}
     python bench/opinfo_sweep.py --ops add,mm   # a few ops, printed only
+    python bench/opinfo_sweep.py --bytes        # fallback bytes audit -> docs/fallback_bytes.md
+
+``--bytes``: only Shard(d) layouts, and per layout the wire bytes each
+runtime's collectives move to compute the op and turn its result into a full
+tensor (``bench/_comm_bytes.py``, the same counter for both; the result is
+included because a runtime may leave it Partial or sharded and pay later). The summary lists every op where ours moves more than torch's
+DTensor, over the layouts both get right.
 
 Verdicts travel through the TCP store, not collectives, so a rank that
 fails alone cannot pair its next collective with the other rank's.
@@ -25,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +58,9 @@ def _worker(args) -> int:
     from torch.utils._pytree import tree_flatten
 
     import dtensor as ours
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _comm_bytes import CommBytes
 
     meshes = {
         "ours": ours.DeviceMesh("cpu", [0, 1]),
@@ -130,12 +141,16 @@ def _worker(args) -> int:
         if not cases:
             record.setdefault("skip", "no runnable float32 samples with tensor inputs")
         else:
+            wire: dict = {}  # (sample, dim, impl) -> wire bytes of the op
+            passed: dict = {}  # (sample, dim, impl) -> right on every rank
             for impl in ("ours", "torch"):
                 verdicts = []
                 detail = None
                 R, S = place[impl]
                 for si, (sample, want, layouts) in enumerate(cases):
                     for d in layouts:
+                        if args.bytes and d is None:
+                            continue  # the audit is about Shard inputs
                         key = f"v/{index}/{impl}/{si}/{d}"
 
                         def dist_t(t, d=d, impl=impl, R=R, S=S):
@@ -143,13 +158,21 @@ def _worker(args) -> int:
                             return distribute[impl](t.detach().clone(), meshes[impl], p)
 
                         try:
-                            got = full(_call(op, sample, dist_t), impl)
+                            # inputs are distributed before counting starts
+                            inp, a, kw = _convert(sample, dist_t)
+                            # NOTE: the full result is counted too: a runtime
+                            # that leaves its result Partial or sharded pays
+                            # the collective there instead of in the op.
+                            with CommBytes() as cb:
+                                got = full(op.op(inp, *a, **kw), impl)
                             v = "pass" if same(got, want) else "wrong"
+                            wire[(si, d, impl)] = cb.wire
                             msg = "" if v == "pass" else "result differs"
                         except Exception as e:
                             v, msg = "error", f"{type(e).__name__}: {str(e)[:160]}"
                         both = agree(key, v)
                         v = "wrong" if "wrong" in both else "error" if "error" in both else "pass"
+                        passed[(si, d, impl)] = v == "pass"
                         if v != "pass" and detail is None:
                             detail = f"sample {si}, {'R' if d is None else f'S({d})'}: {msg or both}"
                         verdicts.append(v)
@@ -163,6 +186,18 @@ def _worker(args) -> int:
                 record[impl + "_cases"] = len(verdicts)
                 if detail:
                     record[impl + "_detail"] = detail
+            if args.bytes:
+                # Over the layouts both got right (the verdicts agreed on every rank).
+                both = [(si, d) for (si, d, i) in wire if i == "ours" and (si, d, "torch") in wire
+                        and passed.get((si, d, "ours")) and passed.get((si, d, "torch"))]
+                record["bytes"] = {
+                    "cases": len(both),
+                    "ours": sum(wire[(si, d, "ours")] for si, d in both),
+                    "torch": sum(wire[(si, d, "torch")] for si, d in both),
+                    "more": [f"sample {si}, S({d}): {wire[(si, d, 'ours')]:.0f} vs "
+                             f"{wire[(si, d, 'torch')]:.0f}" for si, d in both
+                             if wire[(si, d, "ours")] > wire[(si, d, "torch")]][:3],
+                }
         if out is not None:
             out.write(json.dumps(record) + "\n")
             out.flush()
@@ -196,16 +231,19 @@ def _samples(op, limit: int, torch):
     return out
 
 
-def _call(op, sample, convert):
+def _convert(sample, convert):
+    """The sample's (input, args, kwargs) with every tensor passed through ``convert``."""
     import torch
     from torch.utils._pytree import tree_map
 
     def m(x):
         return convert(x) if isinstance(x, torch.Tensor) else x
 
-    inp = tree_map(m, sample.input)
-    args = tree_map(m, sample.args)
-    kwargs = tree_map(m, sample.kwargs)
+    return tree_map(m, sample.input), tree_map(m, sample.args), tree_map(m, sample.kwargs)
+
+
+def _call(op, sample, convert):
+    inp, args, kwargs = _convert(sample, convert)
     return op.op(inp, *args, **kwargs)
 
 
@@ -265,7 +303,7 @@ def _parent(args) -> int:
             "--master_port", str(_free_port()), __file__, "--worker",
             "--from-index", str(start), "--results", str(results),
             "--max-samples", str(args.max_samples),
-        ] + (["--ops", args.ops] if args.ops else [])
+        ] + (["--ops", args.ops] if args.ops else []) + (["--bytes"] if args.bytes else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         log = open(args.results + ".log", "a")
         try:
@@ -300,6 +338,12 @@ def _parent(args) -> int:
         records = [fresh.get(r["op"], r) for r in old]
         main_results.write_text("".join(json.dumps(r) + "\n" for r in records))
         t0 = time.time() - args.minutes * 60
+    if args.bytes:
+        summary = _summarise_bytes(records, time.time() - t0, args)
+        print(summary)
+        if not args.ops:
+            Path(args.bytes_markdown).write_text(summary)
+        return 0
     summary = _summarise(records, time.time() - t0, args)
     print(summary)
     if not args.ops or args.update:
@@ -353,6 +397,40 @@ def _summarise(records, seconds: float, args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _summarise_bytes(records, seconds: float, args) -> str:
+    measured = [r for r in records if r.get("bytes", {}).get("cases")]
+    more = sorted((r for r in measured if r["bytes"]["ours"] > r["bytes"]["torch"]),
+                  key=lambda r: r["bytes"]["torch"] - r["bytes"]["ours"])
+    less = [r for r in measured if r["bytes"]["ours"] < r["bytes"]["torch"]]
+    lines = [
+        "# Fallback bytes audit: dtensor vs torch.distributed.tensor",
+        "",
+        f"`python bench/opinfo_sweep.py --bytes --max-samples {args.max_samples}`"
+        f" ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"{seconds / 60:.1f} min on 2 cores): {len(records)} OpInfo entries, float32 "
+        "CPU samples, 2-rank Gloo world, every tensor input Shard(d) for each dim d "
+        "it has (Replicate where it has fewer dims). Wire bytes one rank receives "
+        "to run the op and make its result a full tensor (`bench/_comm_bytes.py`, the "
+        "same counter for both; a result left Partial or sharded pays there; "
+        "distributing the inputs is not counted), summed "
+        "over the layouts both runtimes get right.",
+        "",
+        f"Ops measured: {len(measured)}; ours moves more: {len(more)}; fewer: "
+        f"{len(less)}; the same: {len(measured) - len(more) - len(less)}.",
+        "",
+    ]
+    if more:
+        lines += ["## Ops where ours moves more", "",
+                  "| op | layouts | ours wire B | torch wire B | cases (ours vs torch) |",
+                  "|---|---:|---:|---:|---|"]
+        for r in more:
+            b = r["bytes"]
+            lines.append(f"| `{r['op']}` | {b['cases']} | {b['ours']:.0f} | {b['torch']:.0f} | "
+                         + "; ".join(b["more"]) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true")
@@ -363,11 +441,16 @@ def main() -> int:
     ap.add_argument("--markdown", default=str(ROOT / "docs" / "opinfo.md"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "opinfo.json"))
     ap.add_argument("--world-timeout", type=int, default=3600)
+    ap.add_argument("--bytes", action="store_true",
+                    help="fallback bytes audit: Shard inputs, wire bytes ours vs torch")
+    ap.add_argument("--bytes-markdown", default=str(ROOT / "docs" / "fallback_bytes.md"))
     ap.add_argument("--update", action="store_true",
                     help="with --ops: re-run those ops and merge into the full results")
     ap.add_argument("--minutes", type=float, default=0.0,
                     help="with --update: the full run's duration, for the summary")
     args = ap.parse_args()
+    if args.bytes and not args.worker and args.results == ap.get_default("results"):
+        args.results = os.path.join(tempfile.gettempdir(), "dtensor_fallback_bytes.jsonl")
     return _worker(args) if args.worker else _parent(args)
 
 
