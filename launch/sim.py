@@ -197,7 +197,10 @@ class SimWorld:
                     out.aborted, out.error = True, SimAbort(str(e))
                 except Exception as e:
                     out.error = e
-                    self._release(e)
+                    try:
+                        self._release(e)
+                    except Exception as why:  # never lose the rank's outcome
+                        e.add_note(f"(releasing the other ranks failed: {why!r})")
                 except BaseException as e:  # a skip: the others are not waiting for it
                     out.error = e
             self._outbox.put((seq, out))
@@ -210,7 +213,12 @@ class SimWorld:
             ProcessLocalGroup,
         )
 
-        ProcessLocalGroup.exception_handle(exc)
+        # Under the registry's lock: exception_handle walks the collectives in
+        # flight while other ranks add and remove theirs ("dictionary changed
+        # size during iteration" killed the releasing rank's thread, and its
+        # world waited for it until the deadline).
+        with ProcessLocalGroup._coll_lock:
+            ProcessLocalGroup.exception_handle(exc)
 
     # -- running ----------------------------------------------------------------
     _seq = 0
