@@ -58,6 +58,7 @@ def _eligible(group: dict) -> bool:
 def _pre(optimizer, args, kwargs):
     if type(optimizer) not in _KINDS:
         return None
+    _post(optimizer, args, kwargs)  # a step that raised left its groups switched
     changed = [g for g in optimizer.param_groups if _eligible(g)]
     for g in changed:
         g["foreach"] = True
