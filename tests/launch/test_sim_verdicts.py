@@ -50,3 +50,24 @@ def test_simulated_and_real_worlds_agree_on_every_verdict(tmp_path: Path, mutant
     assert not differ, f"(simulated, real) verdicts differ: {differ}"
     if mutant:  # the comparison covers failures, not only passes
         assert "failed" in sim.values()
+
+
+def _sim_redistribute(size: int, mutant: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DTENSOR_WORLD_SIZES=str(size), DTENSOR_MUTANT=mutant)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "--hypothesis-profile=ci", "--dist-sim", "--dist-sim-examples=10",
+           "tests/properties/test_redistribute.py"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_a_layout_bug_that_needs_8_ranks_on_an_axis_is_caught_at_16_simulated_ranks() -> None:
+    # The planted bug loses the 8th piece of an uneven gather over >= 8 ranks:
+    # no 4-rank world (real or simulated) can show it; a 16-rank simulated one does.
+    mutant = "gather_zeroes_eighth_piece_on_wide_axis"
+    small = _sim_redistribute(4, mutant)
+    assert small.returncode == 0, small.stdout[-3000:]
+    big = _sim_redistribute(16, mutant)
+    assert big.returncode == 1, big.stdout[-3000:]
+    assert "[16ranks]" in big.stdout and "SimRankFailure" in big.stdout, big.stdout[-3000:]
+    assert "Replay (real world): DTENSOR_MUTANT=" in big.stdout, big.stdout[-3000:]
