@@ -6,7 +6,10 @@ unsharded dim never communicates. A sum over a sharded dim gives
 ``Partial(sum)``; a mean gives ``Partial(sum)`` of local sums divided by the
 global count (a mean of uneven local means would be wrong). Everything else
 that reduces a sharded dim (max and friends: a NaN or an empty piece breaks
-a max of pieces; argmax needs global indices) first gathers that dim.
+a max of pieces; argmax needs global indices) first gathers that dim,
+except the whole-tensor ``max()`` / ``min()``: each rank takes its local
+extreme and one all-reduce of one element combines them (see
+``extreme_rule``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 
 import torch
 
+from dtensor import _comm
 from dtensor.placement import (
     Partial,
     Replicate,
@@ -141,6 +145,81 @@ def linear_along_dim_rule(call):
     return Sharding((want,), (want,))
 
 
+def extreme_rule(call):
+    """``max()`` / ``min()`` over every dim: the local extreme, then one
+    all-reduce of one element per sharded mesh axis; the result is replicated.
+
+    Partial inputs are reduced first (a max of partial sums is not the max).
+    An empty global tensor keeps the fallback (torch raises there); an empty
+    local piece (a trailing rank of an uneven shard) sends the reduction's
+    identity. Float values travel as order-preserving integers so that a NaN
+    held by one rank wins (Gloo's float max/min can drop it).
+    """
+    if len(call.specs) != 1:
+        return None
+    (spec,) = call.specs
+    axes = tuple(a for a, p in enumerate(spec.placements) if isinstance(p, Shard))
+    if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
+        return _OTHER(call)
+    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    rep = (Replicate(),) * len(want)
+    how = "max" if call.func is aten.max.default else "min"
+    return Sharding((want,), (rep,), local=_extreme_local(how, axes), shapes=((),))
+
+
+# dtype -> integer type its order-preserving key travels as (small types widen).
+_KEY_DTYPE = {
+    torch.float64: torch.int64, torch.float32: torch.int32,
+    torch.float16: torch.int32, torch.bfloat16: torch.int32,
+    torch.int64: torch.int64, torch.int32: torch.int32,
+    torch.int16: torch.int32, torch.int8: torch.int32, torch.uint8: torch.int32,
+}
+
+
+def _to_key(x: torch.Tensor, how: str) -> torch.Tensor:
+    """A one-element integer whose integer max/min is the float max/min of
+    the ranks' values, a NaN on any rank winning; empty ``x``: the identity."""
+    kt = _KEY_DTYPE[x.dtype]
+    info = torch.iinfo(kt)
+    if x.numel() == 0:
+        return torch.full((), info.min if how == "max" else info.max, dtype=kt)
+    v = torch.amax(x) if how == "max" else torch.amin(x)
+    if not x.dtype.is_floating_point:
+        return v.to(kt)
+    nan = torch.isnan(v)  # amax/amin keep a NaN; it must win the integer reduce too
+    if kt is torch.int32:
+        v = v.to(torch.float32)
+    bits = v.view(kt)
+    # IEEE bits order like integers for >= +0; below, the magnitude bits run
+    # backwards: flipping them makes the whole line monotone (-0 just below +0).
+    key = torch.where(bits < 0, bits ^ info.max, bits)
+    return torch.where(nan, torch.full_like(key, info.max if how == "max" else info.min), key)
+
+
+def _from_key(key: torch.Tensor, how: str, dtype) -> torch.Tensor:
+    if not dtype.is_floating_point:
+        return key.to(dtype)
+    info = torch.iinfo(key.dtype)
+    nan = key == (info.max if how == "max" else info.min)
+    bits = torch.where(key < 0, key ^ info.max, key)
+    value = bits.view(torch.float32 if key.dtype is torch.int32 else torch.float64)
+    return torch.where(nan, torch.full_like(value, math.nan), value).to(dtype)
+
+
+def _extreme_local(how: str, axes: tuple[int, ...]):
+    def local(func, coord, out_specs, args, kwargs):
+        x = args[0]
+        key = _to_key(x, how)
+        mesh = out_specs[0].mesh
+        for axis in axes:
+            group = mesh.axis_group(axis)
+            if group is not None:
+                key = _comm.all_reduce(key, how, group)
+        return _from_key(key, how, x.dtype)
+
+    return local
+
+
 _SUM = reduction("sum")
 _MEAN = reduction("mean")
 _OTHER = reduction("other")
@@ -155,8 +234,8 @@ RULES: dict = {
     aten.prod.dim_int: _OTHER,
     aten.amax.default: _OTHER,
     aten.amin.default: _OTHER,
-    aten.max.default: _OTHER,
-    aten.min.default: _OTHER,
+    aten.max.default: extreme_rule,
+    aten.min.default: extreme_rule,
     aten.max.dim: _OTHER,
     aten.min.dim: _OTHER,
     aten.argmax.default: _OTHER,

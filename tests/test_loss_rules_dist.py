@@ -1,0 +1,88 @@
+"""Covers: the gather-free rules of dtensor/rules/reduction.py for whole-tensor
+``max()`` / ``min()`` on Gloo worlds: values equal single device (uneven and
+empty shards, NaN on one rank, ±inf, -0.0, integer dtypes, a 2-D mesh) and
+the wire carries one all-reduce of one element, never a gather (issue 21's
+fallback-bytes audit: the replicate fallback gathered the whole tensor)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dtensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
+from dtensor.debug import CommCounter
+
+WORLDS = pytest.mark.parametrize(
+    "n", [pytest.param(n, marks=pytest.mark.world_size(n), id=f"w{n}") for n in (2, 4)]
+)
+
+
+def _mesh(n: int) -> DeviceMesh:
+    return DeviceMesh("cpu", list(range(n)))
+
+
+def _same(got, want, where: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (where, got, want)
+    torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0,
+                               msg=lambda m: f"{where}: {m}")
+
+
+@WORLDS
+@pytest.mark.parametrize("shape", [(5, 4, 3), (3,)], ids=["uneven", "empty-shards"])
+def test_max_min_of_shards_send_one_element(world, n, shape) -> None:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    for d in range(len(shape)):
+        dx = distribute_tensor(x, _mesh(n), [Shard(d)])
+        for fn in (torch.max, torch.min):
+            with CommCounter() as c:
+                got = fn(dx)
+            where = f"{fn.__name__} S({d}) of {shape}"
+            assert got.placements == (Replicate(),), where
+            # one float32 on the wire (was an all-gather of the whole tensor)
+            assert c.bytes == {"all_reduce": 4}, (where, c.bytes)
+            _same(got.full_tensor(), fn(x), where)
+
+
+@WORLDS
+def test_max_min_keep_nan_inf_and_signed_zero(world, n) -> None:
+    mesh = _mesh(n)
+    cases = {
+        "nan-last": torch.cat([torch.ones(3 * n - 1), torch.tensor([math.nan])]),
+        "nan-first": torch.cat([torch.tensor([math.nan]), -torch.ones(3 * n - 1)]),
+        "infs": torch.cat([torch.full((n,), -math.inf), torch.full((n,), math.inf)]),
+        "negative": -torch.arange(1.0, 2.0 * n + 1),
+        "zeros": torch.tensor([0.0, -0.0] * n),
+        "float64": torch.randn(2 * n + 1, dtype=torch.float64),
+        "bfloat16": torch.randn(2 * n + 1).to(torch.bfloat16),
+    }
+    for name, x in cases.items():
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        for fn in (torch.max, torch.min):
+            _same(fn(dx).full_tensor(), fn(x), f"{fn.__name__} {name}")
+    ints = torch.randint(-100, 100, (2 * n + 1,), generator=torch.Generator().manual_seed(3))
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        x = ints.abs().to(dtype) if dtype is torch.uint8 else ints.to(dtype)
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        for fn in (torch.max, torch.min):
+            with CommCounter() as c:
+                got = fn(dx)
+            assert c["all_gather"] == 0, (dtype, c.counts)
+            _same(got.full_tensor(), fn(x), f"{fn.__name__} {dtype}")
+
+
+@pytest.mark.world_size(4)
+def test_max_min_on_a_2d_mesh_and_of_partial_values(world) -> None:
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    for placements in ([Shard(0), Shard(1)], [Shard(0), Shard(0)], [Replicate(), Shard(1)]):
+        dx = distribute_tensor(x, mesh, placements)
+        for fn in (torch.max, torch.min):
+            with CommCounter() as c:
+                got = fn(dx)
+            assert c["all_gather"] == 0, (placements, c.counts)
+            _same(got.full_tensor(), fn(x), f"{fn.__name__} {placements}")
+    part = distribute_tensor(x, _mesh(4), [Partial()])  # reduced first: max of sums
+    for fn in (torch.max, torch.min):
+        _same(fn(part).full_tensor(), fn(x), f"{fn.__name__} Partial")
