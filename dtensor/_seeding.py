@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _comm
+from . import _comm, _rank_state
 from . import random as rng
 from .errors import ShardingError
 
@@ -232,10 +232,12 @@ def _restore(t) -> None:
 
 
 def _after_manual_seed() -> None:
+    _rank_state.auto_enter()
     rng._current().reset(torch.initial_seed(), "torch")
 
 
 def _after_seed() -> None:
+    _rank_state.auto_enter()
     g = rng._current()
     g.reset(torch.initial_seed(), "default")
     g.generation += 1
@@ -276,12 +278,27 @@ def install_torch_hooks() -> None:
         ("set_rng_state", None, "set"),
     ):
         fn = getattr(trandom, name)
+        if not _hooked(fn):
+            setattr(trandom, name, _wrap(fn, after, kind))
+        # torch.<name> may already be someone else's wrapper of the original:
+        # importing torch._dynamo before us replaces torch.manual_seed with
+        # a dynamo-disabled copy, and that copy reseeded torch only (a
+        # reseed to the same seed then went unseen: the next draw continued
+        # the old stream). Wrap whatever is there unless it reaches us.
+        top = getattr(torch, name, None)
+        if top is not None and not _hooked(top):
+            setattr(torch, name, _wrap(top, after, kind))
+
+
+def _hooked(fn) -> bool:
+    """Whether ``fn`` is our hook or a wrapper (``__wrapped__`` chain) of it."""
+    for _ in range(8):
         if getattr(fn, "_dtensor_hook", False):
-            continue
-        wrapped = _wrap(fn, after, kind)
-        setattr(trandom, name, wrapped)
-        if getattr(torch, name, None) is fn:
-            setattr(torch, name, wrapped)
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            return False
+    return False
 
 
 install_torch_hooks()

@@ -514,3 +514,26 @@ def test_threads_do_not_share_a_workspace() -> None:
         t.join()
     for s in range(4):
         _assert_bitwise_equal(got[s], expected[s])
+
+
+def test_torch_manual_seed_reseeds_us_when_torch_dynamo_was_imported_first():
+    # torch._dynamo replaces torch.manual_seed with a wrapper of the original
+    # at import; imported before dtensor, that wrapper bypassed our hook and a
+    # reseed to the same seed went unseen (the second draw continued the
+    # stream). A fresh interpreter: the import order is the point.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch._dynamo, torch\n"
+        "import dtensor\n"
+        "from dtensor import random as rng\n"
+        "torch.manual_seed(5); a = rng.rand(3)\n"
+        "torch.manual_seed(5); b = rng.rand(3)\n"
+        "assert rng._current().source == 'torch', rng._current().source\n"
+        "assert torch.equal(a, b), (a, b)\n"
+        "print('SAME')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "SAME" in out.stdout, out.stdout + out.stderr
