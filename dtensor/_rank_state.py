@@ -36,7 +36,7 @@ import threading
 from . import _comm
 from . import random as rng
 
-__all__ = ["enter_rank", "is_sim_rank"]
+__all__ = ["auto_enter", "enter_rank", "is_sim_rank"]
 
 _local = threading.local()
 _installed = False
@@ -58,6 +58,22 @@ def enter_rank(rank: int, size: int | None = None) -> None:
     _local.seeding = rng._Seeding()
     _local.rank = rank
     _comm._rank_local.rank = rank  # collective counters count this rank's only
+
+
+def auto_enter() -> None:
+    """Make this thread's rank state its own if it is a rank of an in-process
+    world that nobody entered for it: PyTorch's thread-per-rank test bases
+    (``MultiThreadedTestCase``, ``DTensorOpTestBase``) start rank threads
+    over the threaded process group without calling ``enter_rank``. Called
+    where a rank first touches rank state (a reseed, a mesh), not per op."""
+    if getattr(_local, "rank", None) is not None:
+        return
+    import torch.distributed as dist
+
+    if type(dist.distributed_c10d._world).__name__ != "ThreadLocalWorld":
+        return  # one rank per process (or an ordinary world): module state is the rank's
+    if dist.is_initialized():
+        enter_rank(dist.get_rank(), dist.get_world_size())
 
 
 def is_sim_rank() -> bool:

@@ -106,6 +106,9 @@ class DeviceMesh:
         grid, ranks, mesh_dim_names = _mesh_build.validate(
             device_type, mesh, mesh_dim_names, _init_backend
         )
+        from dtensor import _rank_state  # a rank thread of torch's test bases: its own state
+
+        _rank_state.auto_enter()
         self.device_type = device_type
         self.mesh = grid
         self.mesh_dim_names = mesh_dim_names
