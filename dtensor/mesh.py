@@ -106,7 +106,8 @@ class DeviceMesh:
         grid, ranks, mesh_dim_names = _mesh_build.validate(
             device_type, mesh, mesh_dim_names, _init_backend
         )
-        from dtensor import _rank_state  # a rank thread of torch's test bases: its own state
+        # A rank thread of torch's thread-per-rank test bases: its own state.
+        from dtensor import _rank_state
 
         _rank_state.auto_enter()
         self.device_type = device_type
