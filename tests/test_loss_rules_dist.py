@@ -86,3 +86,29 @@ def test_max_min_on_a_2d_mesh_and_of_partial_values(world) -> None:
     part = distribute_tensor(x, _mesh(4), [Partial()])  # reduced first: max of sums
     for fn in (torch.max, torch.min):
         _same(fn(part).full_tensor(), fn(x), f"{fn.__name__} Partial")
+
+
+@WORLDS
+@pytest.mark.parametrize("shape", [(5, 3), (3,)], ids=["uneven", "empty-shards"])
+def test_mse_loss_of_shards_sends_one_element(world, n, shape) -> None:
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    mesh = _mesh(n)
+    for d in range(len(shape)):
+        for px, py in (([Shard(d)], [Shard(d)]), ([Shard(d)], [Replicate()]),
+                       ([Replicate()], [Shard(d)])):
+            dx, dy = distribute_tensor(x, mesh, px), distribute_tensor(y, mesh, py)
+            for reduction in ("mean", "sum"):
+                where = f"mse_loss {reduction} {px} {py} of {shape}"
+                with CommCounter() as c:
+                    got = torch.nn.functional.mse_loss(dx, dy, reduction=reduction).full_tensor()
+                # one float32 all-reduced (was both operands gathered)
+                assert c.bytes == {"all_reduce": 4}, (where, c.bytes)
+                want = torch.nn.functional.mse_loss(x, y, reduction=reduction)
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6,
+                                           msg=lambda m, where=where: f"{where}: {m}")
+            with CommCounter() as c:  # 'none' stays sharded: no collective
+                got = torch.nn.functional.mse_loss(dx, dy, reduction="none")
+            assert c.total == 0 and got.placements == (Shard(d),), (c.counts, got.placements)
+            torch.testing.assert_close(got.full_tensor(),
+                                       torch.nn.functional.mse_loss(x, y, reduction="none"))

@@ -8,9 +8,17 @@ negative log-likelihood keeps a sharded batch for ``reduction='none'`` and
 ``'sum'`` (a partial sum); ``'mean'`` divides by a global weight total, so
 its forward gathers the batch; its backward receives that global total and
 keeps the batch sharded.
+
+Element-wise losses of two same-shaped operands (``mse_loss``) keep any
+shard: ``'none'`` is point-wise, ``'sum'`` a partial sum of local sums, and
+``'mean'`` a partial sum of local sums divided by the global element count
+(a mean of uneven local means would be wrong), so one all-reduce of one
+element makes the loss full instead of gathering both operands.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -126,7 +134,46 @@ def nll_loss_backward_rule(call):
     return Sharding(inputs, (want,))
 
 
+def elementwise_loss_rule(call):
+    """``loss(input, target, reduction, ...)`` of same-shaped operands: both
+    take input's shard (else target's) per mesh axis; partial values are
+    reduced first (the losses are not linear)."""
+    if len(call.specs) != 2:
+        return None
+    x, t = call.specs
+    if x.shape != t.shape:
+        return None
+    want = tuple(
+        p if isinstance(p, Shard) else q if isinstance(q, Shard) else Replicate()
+        for p, q in zip(x.placements, t.placements, strict=True)
+    )
+    reduction = bind(call)["reduction"]
+    if reduction == 0:  # 'none'
+        return Sharding((want, want), (want,), shapes=(tuple(x.shape),))
+    out = _sum_over_batch(want)
+    local = None
+    if reduction == 1 and out != want:  # 'mean' over shards: global count
+        local = _loss_mean_as_sum(math.prod(x.shape))
+    return Sharding((want, want), (out,), local=local, shapes=((),))
+
+
+def _loss_mean_as_sum(count: int):
+    def local(func, coord, out_specs, args, kwargs):
+        names = [a.name for a in func._schema.arguments]
+        i = names.index("reduction")
+        if i < len(args):
+            args = (*args[:i], 2, *args[i + 1:])
+        else:
+            kwargs = {**kwargs, "reduction": 2}
+        s = func(*args, **kwargs)  # 'sum' of the local piece (0 when empty)
+        # NOTE: 0/0 must stay NaN like the single-device mean of an empty loss.
+        return s / count if count else s / 0.0
+
+    return local
+
+
 RULES: dict = {
+    aten.mse_loss.default: elementwise_loss_rule,
     aten.native_layer_norm.default: layer_norm_rule,
     aten.native_layer_norm_backward.default: layer_norm_backward_rule,
     aten.embedding.default: embedding_rule,
