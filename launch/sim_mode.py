@@ -45,6 +45,15 @@ __all__ = ["SimMode", "add_options"]
 CONFIRM_ENV = "LAUNCH_SIM_CONFIRMING"  # set in the real-world re-run of a failure
 
 
+class SimHooks:
+    @pytest.hookspec(firstresult=True)
+    def pytest_dist_sim_smaller_worlds(self, item: pytest.Item, size: int) -> list | None:
+        """The same test at smaller world sizes, as ``[(m, nodeid, env), ...]``
+        (``env``: variables the run at m needs). A project whose tests take
+        their world size from a parameter implements it; without it,
+        ``--dist-sim-confirm`` only re-runs the failure at its own size."""
+
+
 def add_options(parser: pytest.Parser) -> None:
     g = parser.getgroup("launch")
     g.addoption("--dist-sim", action="store_true", default=False,
@@ -200,24 +209,65 @@ class SimMode:
         return " ".join(["Replay (real world):", *env, "torchrun", f"--nproc_per_node={n}",
                          "-m", "pytest", f"'{item.nodeid}'", *rest])
 
-    def confirm(self, item: pytest.Item, n: int) -> str:
-        """Re-run ``item`` on a real n-rank world; a line saying what it found."""
-        cap = self.config.getoption("dist_sim_confirm_max")
-        if n > cap:
-            return (f"Confirmation: not attempted (a real {n}-rank world is over "
-                    f"--dist-sim-confirm-max={cap}); unconfirmed simulated failure")
+    def _rerun(self, nodeid: str, more_env: dict, sim: bool) -> subprocess.CompletedProcess:
         extra = self._extra()
         env = dict(os.environ, **{CONFIRM_ENV: "1"})
         for w in extra:
             if "=" in w and not w.startswith("-"):
                 k, v = w.split("=", 1)
                 env[k] = v
+        env.update(more_env)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--dist-timeout", str(self.config.getoption("dist_timeout")),
-               item.nodeid, *[w for w in extra if w.startswith("-")]]
+               *(["--dist-sim"] if sim else []),
+               nodeid, *[w for w in extra if w.startswith("-")]]
+        return subprocess.run(cmd, cwd=self.config.rootpath, env=env, capture_output=True,
+                              text=True, timeout=600)
+
+    def smallest(self, item: pytest.Item, n: int) -> tuple[int, str, dict] | None:
+        """The smallest world (simulated re-runs, smallest first) in which the
+        same test still fails; None if no smaller one does or none is known."""
+        variants = self.config.hook.pytest_dist_sim_smaller_worlds(item=item, size=n) or []
+        for m, nodeid, env in sorted(variants, key=lambda v: v[0]):
+            if m >= n:
+                continue
+            try:
+                if self._rerun(nodeid, env, sim=True).returncode == 1:
+                    return m, nodeid, env
+            except subprocess.TimeoutExpired:
+                continue
+        return None
+
+    def confirm(self, item: pytest.Item, n: int) -> str:
+        """Find the smallest world that still fails (simulated), then re-run
+        the failure on a real world of that size; lines saying what it found."""
+        lines, nodeid, env = [], item.nodeid, {}
+        found = self.smallest(item, n)
+        if found is not None:
+            m, nodeid, env = found
+            words = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in self._extra()
+                     if "=" in w and not w.startswith("-")}
+            words.update(env)  # the smaller world's own settings win
+            words = [f"{k}={v}" for k, v in words.items()]
+            rest = [w for w in self._extra() if w.startswith("-")]
+            lines.append(" ".join([f"Replay (smallest real world that reproduces it in "
+                                   f"simulation, {m} ranks):", *words, "torchrun",
+                                   f"--nproc_per_node={m}", "-m", "pytest", f"'{nodeid}'",
+                                   *rest]))
+            n = m
+        elif self.config.hook.pytest_dist_sim_smaller_worlds(item=item, size=n):
+            lines.append(f"Smallest world: {n} ranks (no smaller simulated world failed it "
+                         "at this example budget)")
+        lines.append(self._confirm_real(nodeid, env, n))
+        return "\n".join(lines)
+
+    def _confirm_real(self, nodeid: str, more_env: dict, n: int) -> str:
+        cap = self.config.getoption("dist_sim_confirm_max")
+        if n > cap:
+            return (f"Confirmation: not attempted (a real {n}-rank world is over "
+                    f"--dist-sim-confirm-max={cap}); unconfirmed simulated failure")
         try:
-            out = subprocess.run(cmd, cwd=self.config.rootpath, env=env, capture_output=True,
-                                 text=True, timeout=600)
+            out = self._rerun(nodeid, more_env, sim=False)
         except subprocess.TimeoutExpired:
             return f"Confirmation: the real {n}-rank re-run timed out (600 s)"
         if out.returncode == 1:

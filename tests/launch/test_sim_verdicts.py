@@ -71,3 +71,21 @@ def test_a_layout_bug_that_needs_8_ranks_on_an_axis_is_caught_at_16_simulated_ra
     assert big.returncode == 1, big.stdout[-3000:]
     assert "[16ranks]" in big.stdout and "SimRankFailure" in big.stdout, big.stdout[-3000:]
     assert "Replay (real world): DTENSOR_MUTANT=" in big.stdout, big.stdout[-3000:]
+
+
+def test_confirm_finds_the_smallest_world_that_fails_and_confirms_it_on_a_real_one() -> None:
+    # A 4-rank simulated failure: smaller simulated worlds are tried first (2
+    # ranks already fails this planted bug), and the real re-run happens there.
+    env = dict(os.environ, DTENSOR_WORLD_SIZES="4", DTENSOR_MUTANT="gather_drops_last_uneven_shard")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    test = "tests/properties/test_redistribute.py::test_redistribute_keeps_the_value_and_the_blocks"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--hypothesis-profile=ci", "--dist-sim", "--dist-sim-confirm",
+                        f"{test}[4ranks]"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    out = p.stdout
+    assert p.returncode == 1, out[-3000:]
+    assert ("Replay (smallest real world that reproduces it in simulation, 2 ranks): "
+            "DTENSOR_WORLD_SIZES=2 DTENSOR_MUTANT=gather_drops_last_uneven_shard torchrun "
+            f"--nproc_per_node=2 -m pytest '{test}[2ranks]'") in out, out[-3000:]
+    assert "Confirmation: reproduced on a real 2-rank world (a runtime bug)" in out, out[-3000:]

@@ -84,6 +84,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 @pytest.hookimpl(optionalhook=True)
 def pytest_lockstep_replay_args(config: pytest.Config) -> list[str]:
     out = []
+    if os.environ.get("DTENSOR_WORLD_SIZES"):  # else a [16ranks] id does not exist
+        out.append(f"DTENSOR_WORLD_SIZES={os.environ['DTENSOR_WORLD_SIZES']}")
     mutant = os.environ.get(MUTANT_ENV)
     if mutant:
         out.append(f"{MUTANT_ENV}={mutant}")
@@ -156,3 +158,17 @@ class _Summary:
             mark = {"passed": "pass", "failed": "FAIL", "error": "FAIL"}.get(kind, "skip")
             name = nodeid.split("/")[-1]
             tr.write_line(f"{mark:4}  {name}" + (f"  -- {why}" if mark != "pass" else ""))
+
+
+#: World sizes tried, smallest first, when a simulated failure is searched for
+#: the smallest world that still fails it (pytest --dist-sim --dist-sim-confirm).
+SMALLER_WORLDS = (2, 3, 4, 8, 16, 32)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_dist_sim_smaller_worlds(item: pytest.Item, size: int) -> list | None:
+    tag = f"[{size}ranks"
+    if tag not in item.nodeid:
+        return None
+    return [(m, item.nodeid.replace(tag, f"[{m}ranks"), {"DTENSOR_WORLD_SIZES": str(m)})
+            for m in SMALLER_WORLDS if m < size]
