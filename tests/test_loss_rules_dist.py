@@ -112,3 +112,32 @@ def test_mse_loss_of_shards_sends_one_element(world, n, shape) -> None:
             assert c.total == 0 and got.placements == (Shard(d),), (c.counts, got.placements)
             torch.testing.assert_close(got.full_tensor(),
                                        torch.nn.functional.mse_loss(x, y, reduction="none"))
+
+
+@WORLDS
+@pytest.mark.parametrize("batch", [5, 3], ids=["uneven", "empty-shards"])
+def test_cross_entropy_mean_of_a_sharded_batch_sends_two_elements(world, n, batch) -> None:
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(batch, 6, generator=g)
+    target = torch.randint(0, 6, (batch,), generator=g)
+    target[0] = -100  # ignored: the mean's divisor depends on the data
+    weight = torch.rand(6, generator=g) + 0.5
+    mesh = _mesh(n)
+    for kw in ({}, {"weight": weight}):
+        ref = logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(ref, target, **kw)
+        want.backward()
+        dl = distribute_tensor(logits, mesh, [Shard(0)]).requires_grad_()
+        dt = distribute_tensor(target, mesh, [Shard(0)])
+        dkw = {k: distribute_tensor(v, mesh, [Replicate()]) for k, v in kw.items()}
+        with CommCounter() as c:
+            loss = torch.nn.functional.cross_entropy(dl, dt, **dkw)
+        # the local sum and weight total in one all-reduce (was the batch gathered)
+        assert c.bytes == {"all_reduce": 8}, (kw.keys(), c.bytes)
+        assert loss.placements == (Replicate(),)
+        torch.testing.assert_close(loss.full_tensor(), want, atol=1e-6, rtol=1e-6)
+        with CommCounter() as c:
+            loss.backward()
+        assert c["all_gather"] == 0, c.counts
+        assert dl.grad.placements == (Shard(0),)
+        torch.testing.assert_close(dl.grad.full_tensor(), ref.grad, atol=1e-6, rtol=1e-6)

@@ -214,7 +214,8 @@ def test_nn_rules() -> None:
     assert s.outputs == ((P,), (P,))
     s = run(aten.nll_loss_forward.default, spec((4, 6), Shard(0)),
             spec((4,), R, dtype=torch.int64), None, 1, -100)
-    assert s.inputs[0] == (R,)
+    # mean: the batch stays sharded; local sum and weight total are all-reduced
+    assert s.inputs[0] == (Shard(0),) and s.outputs == ((R,), (R,)) and s.local is not None
 
 
 def test_two_dim_mesh_nested_shards() -> None:

@@ -6,7 +6,8 @@ shape); its weight and bias gradients sum over the batch, so they come out
 indices' shards (replicated table) or the table's column shards. The
 negative log-likelihood keeps a sharded batch for ``reduction='none'`` and
 ``'sum'`` (a partial sum); ``'mean'`` divides by a global weight total, so
-its forward gathers the batch; its backward receives that global total and
+its forward all-reduces the local sum and weight total together (two
+elements, never the batch); its backward receives that global total and
 keeps the batch sharded.
 
 Element-wise losses of two same-shaped operands (``mse_loss``) keep any
@@ -22,6 +23,7 @@ import math
 
 import torch
 
+from dtensor import _comm
 from dtensor.placement import Partial, Replicate, Shard, is_linear_partial, replicated
 from dtensor.rules._util import bind
 from dtensor.rules.pointwise import pointwise_rule
@@ -114,12 +116,36 @@ def nll_loss_rule(call):
     x, target = call.specs[0], call.specs[1]
     rep = replicated(x.mesh)
     want = _nll_batch(x, target)
-    if a["reduction"] == 1:  # mean: divides by the global weight total
-        want = rep
     inputs = (want, want) + (rep,) * (len(call.specs) - 2)
     partial = _sum_over_batch(want)
+    if a["reduction"] == 1 and want != rep:  # mean: over the global weight total
+        axes = tuple(i for i, p in enumerate(want) if isinstance(p, Shard))
+        return Sharding(inputs, (rep, rep), local=_nll_mean_local(axes), shapes=((), ()))
     out = want if a["reduction"] == 0 else partial
     return Sharding(inputs, (out, partial))
+
+
+def _nll_mean_local(axes: tuple[int, ...]):
+    """The local 'sum' loss and weight total travel in one all-reduce of two
+    elements; the mean is their quotient (the total is data-dependent:
+    ignored targets and class weights)."""
+
+    def local(func, coord, out_specs, args, kwargs):
+        names = [a.name for a in func._schema.arguments]
+        i = names.index("reduction")
+        if i < len(args):
+            args = (*args[:i], 2, *args[i + 1:])
+        else:
+            kwargs = {**kwargs, "reduction": 2}
+        buf = torch.stack(func(*args, **kwargs))
+        mesh = out_specs[0].mesh
+        for axis in axes:
+            group = mesh.axis_group(axis)
+            if group is not None:
+                buf = _comm.all_reduce(buf, "sum", group)
+        return buf[0] / buf[1], buf[1]
+
+    return local
 
 
 def nll_loss_backward_rule(call):
