@@ -1,8 +1,10 @@
 """Covers: the gather-free rules of dtensor/rules/reduction.py for whole-tensor
-``max()`` / ``min()`` on Gloo worlds: values equal single device (uneven and
+``max()`` / ``min()`` / ``aminmax()`` on Gloo worlds: values equal single device (uneven and
 empty shards, NaN on one rank, ±inf, -0.0, integer dtypes, a 2-D mesh) and
 the wire carries one all-reduce of one element, never a gather (issue 21's
-fallback-bytes audit: the replicate fallback gathered the whole tensor)."""
+fallback-bytes audit: the replicate fallback gathered the whole tensor); and
+of dtensor/rules/nn.py for mse_loss and nll_loss (cross_entropy) with
+reduction="mean"/"sum" on a sharded batch: one small all-reduce."""
 
 from __future__ import annotations
 
@@ -141,3 +143,20 @@ def test_cross_entropy_mean_of_a_sharded_batch_sends_two_elements(world, n, batc
         assert c["all_gather"] == 0, c.counts
         assert dl.grad.placements == (Shard(0),)
         torch.testing.assert_close(dl.grad.full_tensor(), ref.grad, atol=1e-6, rtol=1e-6)
+
+
+@WORLDS
+@pytest.mark.parametrize("shape", [(5, 4, 3), (3,)], ids=["uneven", "empty-shards"])
+def test_aminmax_of_shards_sends_two_elements(world, n, shape) -> None:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+    x.view(-1)[-1] = math.nan if len(shape) == 1 else x.view(-1)[-1]  # NaN on the last rank
+    for d in range(len(shape)):
+        dx = distribute_tensor(x, _mesh(n), [Shard(d)])
+        with CommCounter() as c:
+            lo, hi = torch.aminmax(dx)
+        where = f"aminmax S({d}) of {shape}"
+        # a float32 min and a float32 max (was an all-gather of the tensor)
+        assert c.bytes == {"all_reduce": 8}, (where, c.bytes)
+        want_lo, want_hi = torch.aminmax(x)
+        _same(lo.full_tensor(), want_lo, where)
+        _same(hi.full_tensor(), want_hi, where)

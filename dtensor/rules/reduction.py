@@ -145,6 +145,26 @@ def linear_along_dim_rule(call):
     return Sharding((want,), (want,))
 
 
+def aminmax_rule(call):
+    """``aminmax()`` over every dim: ``extreme_rule``'s min and max, one
+    one-element all-reduce each per sharded mesh axis."""
+    a = bind(call)
+    if a.get("dim") is not None or a.get("keepdim"):
+        return _OTHER(call)
+    (spec,) = call.specs
+    axes = tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard))
+    if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
+        return _OTHER(call)
+    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    rep = (Replicate(),) * len(want)
+    lo, hi = _extreme_local("min", axes), _extreme_local("max", axes)
+
+    def local(func, coord, out_specs, args, kwargs):
+        return lo(func, coord, out_specs, args, kwargs), hi(func, coord, out_specs, args, kwargs)
+
+    return Sharding((want,), (rep, rep), local=local, shapes=((), ()))
+
+
 def extreme_rule(call):
     """``max()`` / ``min()`` over every dim: the local extreme, then one
     all-reduce of one element per sharded mesh axis; the result is replicated.
@@ -240,7 +260,7 @@ RULES: dict = {
     aten.min.dim: _OTHER,
     aten.argmax.default: _OTHER,
     aten.argmin.default: _OTHER,
-    aten.aminmax.default: _OTHER,
+    aten.aminmax.default: aminmax_rule,
     aten.linalg_vector_norm.default: _OTHER,
     aten.var.correction: _OTHER,
     aten.std.correction: _OTHER,
