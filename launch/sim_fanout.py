@@ -123,7 +123,12 @@ class _SharedDraws:
             first = k == len(self.slots)
             if first:
                 cd = self.real.conjecture_data
-                cd._nodes = nodes = _Announcing(cd._nodes, self.cond)
+                if not isinstance(cd._nodes, _Announcing):
+                    # Stays for the rest of the example: swapping it back after
+                    # a draw raced the next draw's drawer, whose choices then
+                    # went to a list nobody watched.
+                    cd._nodes = _Announcing(cd._nodes, self.cond)
+                nodes = cd._nodes
                 slot = _Slot(nodes, len(nodes))
                 self.slots.append(slot)
             else:
@@ -141,7 +146,6 @@ class _SharedDraws:
                 with self.cond:
                     slot.end, slot.done = len(slot.nodes), True
                     self.cond.notify_all()
-                cd._nodes = list(cd._nodes)
         replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
         value = replay.draw(strategy)
         with self.cond:  # the replay must use exactly the drawer's choices

@@ -93,3 +93,33 @@ def test_dist_sim_is_refused_under_torchrun(child) -> None:
               "-m", "pytest", "--dist-sim", "-p", "no:cacheprovider", "test_s.py")
     assert r.rc != 0
     assert "--dist-sim runs simulated worlds inside one process" in r.out, r.out
+
+
+DRAWS = """
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+
+
+@pytest.mark.world_size(4)
+@settings(max_examples=100, database=None)
+@given(data=st.data())
+def test_many_body_draws_agree(world, data):
+    xs = [data.draw(st.lists(st.integers(0, 9), max_size=6)) for _ in range(30)]
+    t = torch.tensor([float(sum(map(sum, xs)))])
+    dist.all_reduce(t)
+    assert t.item() == 4 * sum(map(sum, xs))
+"""
+
+
+def test_body_draws_are_the_same_on_every_rank_under_frequent_thread_switches(child) -> None:
+    # The first rank to reach a draw draws it; the others replay its choices
+    # as they appear. Swapping the engine's choice list back after each draw
+    # raced the next draw's drawer ("the engine's draw made 0"); switching
+    # threads every 0.2 ms made it show.
+    script = ("import sys; sys.setswitchinterval(2e-4); import pytest; "
+              "sys.exit(pytest.main(['--dist-sim', '-p', 'no:cacheprovider', '-q', 'test_d.py']))")
+    r = child({"test_d.py": DRAWS}, "-c", script)
+    assert r.rc == 0, r.out
+    assert "1 passed" in r.out, r.out
