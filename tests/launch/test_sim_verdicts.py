@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif("RANK" in os.environ,
 
 
 def _run(tmp: Path, name: str, mutant: str | None, sim: bool) -> dict[str, str]:
+    # With the planted gather bug, the file it breaks is enough (and halves
+    # the real worlds' time in README's test command).
+    files = FILES[:1] if mutant else FILES
     env = dict(os.environ, DTENSOR_WORLD_SIZES="2,4")
     env.pop("DTENSOR_MUTANT", None)
     env.pop("PYTEST_XDIST_WORKER", None)
@@ -31,7 +34,7 @@ def _run(tmp: Path, name: str, mutant: str | None, sim: bool) -> dict[str, str]:
         env["DTENSOR_MUTANT"] = mutant
     junit = tmp / f"{name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "--hypothesis-profile=ci", f"--junitxml={junit}", *FILES,
+           "--hypothesis-profile=ci", f"--junitxml={junit}", *files,
            *(["--dist-sim"] if sim else [])]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert junit.exists(), p.stdout + p.stderr
@@ -70,7 +73,8 @@ def test_a_layout_bug_that_needs_8_ranks_on_an_axis_is_caught_at_16_simulated_ra
     big = _sim_redistribute(16, mutant)
     assert big.returncode == 1, big.stdout[-3000:]
     assert "[16ranks]" in big.stdout and "SimRankFailure" in big.stdout, big.stdout[-3000:]
-    assert "Replay (real world): DTENSOR_MUTANT=" in big.stdout, big.stdout[-3000:]
+    assert (f"DTENSOR_MUTANT={mutant} torchrun --nproc_per_node=16 -m pytest "
+            "'tests/properties/test_redistribute.py::") in big.stdout, big.stdout[-3000:]
 
 
 def test_confirm_finds_the_smallest_world_that_fails_and_confirms_it_on_a_real_one() -> None:
