@@ -18,8 +18,10 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 # Re-exported: the runtime and its tests reach groups as ``_comm.*``.
+from . import _norm_wire
 from ._groups import _groups, group_for, group_name_for, on_world_end, world_tag  # noqa: F401
 from .errors import ShardingError
+from .placement import NORM_PREFIX, norm_order
 
 __all__ = [
     "all_gather",
@@ -156,6 +158,10 @@ def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
     """Reduce ``t`` over ``group`` with ``op`` (a ``Partial`` reduce op); returns a new tensor."""
     if t.numel() == 0:
         return t.clone()
+    if op.startswith(NORM_PREFIX):  # p-norm pieces: a sum of powers, or a max
+        p = norm_order(op)
+        buf, how = _norm_wire.to_wire(t, p)
+        return _norm_wire.from_wire(all_reduce(buf, how, group), p, t.dtype)
     count("all_reduce", t)
     buf, back = _wire(t, op)
     if not _tracing() and buf.data_ptr() == t.data_ptr():
@@ -230,6 +236,10 @@ def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
         >>> reduce_scatter(torch.tensor([1., 2., 3.]), "sum", 0, group)
         tensor([2., 4.])    # rank 0; rank 1 gets tensor([6.])
     """
+    if op.startswith(NORM_PREFIX):
+        p = norm_order(op)
+        buf, how = _norm_wire.to_wire(t, p)
+        return _norm_wire.from_wire(reduce_scatter(buf, how, dim, group), p, t.dtype)
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
     size = t.shape[dim]

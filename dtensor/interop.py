@@ -26,13 +26,14 @@ and are refused.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
 
 from dtensor.errors import MeshError, PlacementError
 from dtensor.mesh import DeviceMesh
-from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.placement import Partial, Placement, Replicate, Shard, norm_partial
 
 __all__ = ["from_torch", "from_torch_mesh", "to_torch", "to_torch_mesh"]
 
@@ -97,7 +98,16 @@ def _placement_to_torch(p: Placement):
     if isinstance(p, Shard):
         return TShard(p.dim)
     if isinstance(p, Partial):
-        return TPartial(p.reduce_op)
+        order = p.norm_order
+        if order is None:
+            return TPartial(p.reduce_op)
+        if order == math.inf:  # pieces are >= 0: their max is the inf-norm
+            return TPartial("max")
+        if order == 0:  # counts of non-zeros add up
+            return TPartial("sum")
+        from torch.distributed.tensor._ops._math_ops import _NormPartial
+
+        return _NormPartial(order)
     return TReplicate()
 
 
@@ -112,6 +122,8 @@ def _placement_from_torch(p) -> Placement:
         return Replicate()
     if type(p) is TPartial:
         return Partial(p.reduce_op)
+    if type(p).__name__ == "_NormPartial" and hasattr(p, "norm_type"):
+        return norm_partial(p.norm_type)
     raise PlacementError(
         f"from_torch: PyTorch placement {p!r} ({type(p).__name__}) has no dtensor "
         "counterpart; redistribute it to Shard/Replicate/Partial first, e.g. "

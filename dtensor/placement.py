@@ -27,6 +27,7 @@ __all__ = [
     "Shard",
     "format_placements",
     "is_linear_partial",
+    "norm_partial",
     "partial_fill",
     "partial_to_replicate",
     "replicated",
@@ -42,7 +43,32 @@ ALL_REDUCE_OPS = (*REDUCE_OPS, "product", "band", "bor", "bxor")
 _ALIASES = {"prod": "product"}
 # Ops where n copies of a value reduce to that value: a replicated value
 # becomes partial by keeping it on every coordinate.
-_IDEMPOTENT = frozenset(("avg", "max", "min", "band", "bor"))
+_IDEMPOTENT = frozenset(("avg", "max", "min", "band", "bor", "norminf"))
+#: Prefix of the p-norm reduce ops (``norm_partial``): ``"norm2"``, ``"norm1"``,
+#: ``"norminf"``, ``"norm0"``, ``"norm1.5"``.
+NORM_PREFIX = "norm"
+
+
+def norm_order(op: str) -> float | None:
+    """The ``p`` of a norm reduce op (``"norm2"`` -> 2.0), None for other ops."""
+    if not op.startswith(NORM_PREFIX):
+        return None
+    try:
+        return float(op[len(NORM_PREFIX):])
+    except ValueError:
+        return None
+
+
+def _norm_op(p) -> str | None:
+    """The canonical name of the ``p``-norm reduce op, or None when ``p`` has none."""
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        return None
+    if not (p >= 0):  # NaN, negative and -inf norms have no partial form
+        return None
+    text = repr(p)
+    return NORM_PREFIX + (text[:-2] if text.endswith(".0") else text)
 
 
 class Placement:
@@ -114,7 +140,9 @@ class Partial(Placement):
     ``reduce_op`` is one of ``ALL_REDUCE_OPS``: ``"sum"``, ``"avg"``,
     ``"max"``, ``"min"``, ``"product"`` (also spelled ``"prod"``), ``"band"``,
     ``"bor"``, ``"bxor"``; case does not matter. The name is stored in its
-    canonical form, so ``Partial("prod") == Partial("product")``.
+    canonical form, so ``Partial("prod") == Partial("product")``. A p-norm
+    op (``"norm2"``, ``"norminf"``, ...; see ``norm_partial``) holds each
+    coordinate's p-norm of its share: the value is the p-norm of the pieces.
     """
 
     reduce_op: str = "sum"
@@ -126,10 +154,14 @@ class Partial(Placement):
             op = op.lower()
             op = _ALIASES.get(op, op)
         if op not in ALL_REDUCE_OPS:
-            raise PlacementError(
-                f"Partial(reduce_op): expected one of {ALL_REDUCE_OPS} (or 'prod'), "
-                f"got {self.reduce_op!r}"
-            )
+            norm = _norm_op(norm_order(op)) if isinstance(op, str) else None
+            if norm is None:
+                raise PlacementError(
+                    f"Partial(reduce_op): expected one of {ALL_REDUCE_OPS} (or 'prod'), "
+                    f"or a p-norm 'norm<p>' with p >= 0 or inf (e.g. 'norm2', 'norminf'), "
+                    f"got {self.reduce_op!r}"
+                )
+            op = norm
         if op != self.reduce_op:
             object.__setattr__(self, "reduce_op", op)
 
@@ -149,11 +181,38 @@ class Partial(Placement):
 
     def identity(self):
         """The value that leaves others unchanged under ``reduce_op`` (0 for
-        sum and bxor, 1 for product); None for idempotent ops, which need none."""
+        sum, bxor and finite p-norms, 1 for product); None for idempotent ops,
+        which need none."""
+        if self.reduce_op.startswith(NORM_PREFIX) and not self.is_idempotent:
+            return 0
         return {"sum": 0, "bxor": 0, "product": 1}.get(self.reduce_op)
+
+    @property
+    def norm_order(self) -> float | None:
+        """``p`` of a p-norm partial (``norm_partial(2).norm_order == 2.0``), else None."""
+        return norm_order(self.reduce_op)
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"
+
+
+def norm_partial(p: float) -> Partial:
+    """The placement whose coordinates hold p-norms of their shares.
+
+    The value is the p-norm of the pieces: ``(sum of piece**p) ** (1/p)``,
+    the max for ``inf``, the sum of counts for ``p = 0``. Norms of sharded
+    tensors take it (``torch._foreach_norm``, what ``clip_grad_norm_`` calls)
+    so that a norm of norms stays local and the mesh reduces one scalar where
+    the total is used. Pieces are non-negative; ``p`` is ``>= 0`` or ``inf``.
+
+    Example:
+        >>> norm_partial(2.0), norm_partial(float("inf"))
+        (Partial(reduce_op='norm2'), Partial(reduce_op='norminf'))
+    """
+    op = _norm_op(p)
+    if op is None:
+        raise PlacementError(f"norm_partial(p): expected p >= 0 or inf, got {p!r}")
+    return Partial(op)
 
 
 def is_linear_partial(p: Placement) -> bool:

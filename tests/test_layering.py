@@ -161,7 +161,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values", ("errors.py", "placement.py")),
     ("layout math", (
         "spec.py", "_philox.py", "_random_blocks.py", "random.py", "_plan_cost.py",
-        "_persist.py",
+        "_persist.py", "_norm_wire.py",
     )),
     ("comm", (
         "_comm.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",

@@ -1,8 +1,9 @@
 """Covers: dtensor/rules/norms.py on Gloo worlds: vector norms of sharded
 tensors (p = 2, 1, 3, 0, -1, inf, -inf; all dims or some, uneven and empty
 shards, NaN on one shard) equal the single-device norms and never gather;
-``_foreach_norm`` sends one all-reduce per group of elements sharded alike,
-from the fast path (dtensor/dispatch/form.py) on repeated calls."""
+``_foreach_norm`` keeps per-rank norm pieces (``Partial("norm<p>")``) so
+that ``clip_grad_norm_`` sends one scalar, from the fast path
+(dtensor/dispatch/form.py) on repeated calls."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from dtensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
+from dtensor.placement import norm_partial
 from dtensor.debug import CommCounter
 
 WORLDS = pytest.mark.parametrize(
@@ -84,28 +86,85 @@ def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
 
 
 @WORLDS
-def test_foreach_norm_sends_one_all_reduce_per_group(world, n) -> None:
+def test_foreach_norm_keeps_norm_pieces_and_reduces_negative_orders_once(world, n) -> None:
+    """Orders >= 0 and inf: each rank's norms of its pieces are the results'
+    pieces (``Partial("norm<p>")``), nothing sent; -inf (no partial form):
+    one all-reduce for the whole list. Either way the full values are the
+    single-device norms."""
     mesh = _mesh(n)
     g = torch.Generator().manual_seed(2)
     xs = [torch.randn(8, 6, generator=g), torch.randn(7, generator=g),
           torch.randn(5, 4, generator=g), torch.randn(3, generator=g), torch.randn(2, 9, generator=g)]
     layouts = [[Shard(0)], [Shard(0)], [Shard(1)], [Replicate()], [Shard(1)]]
     ds = [distribute_tensor(x, mesh, pl) for x, pl in zip(xs, layouts, strict=True)]
-    for p in (2.0, 1.0, math.inf, -math.inf, 0.0):
+    for p in (2.0, 1.0, 3.0, math.inf, 0.0, -math.inf):
         want = torch._foreach_norm(xs, p)
         with CommCounter() as c:
             got = torch._foreach_norm(ds, p)
-        assert c.counts == {"all_reduce": 1}, (p, c.counts)
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            assert a.placements == (Replicate(),)
+        lazy = p >= 0
+        assert c.counts == ({} if lazy else {"all_reduce": 1}), (p, c.counts)
+        for i, (a, b, pl) in enumerate(zip(got, want, layouts, strict=True)):
+            piece = norm_partial(p) if lazy and pl[0] != Replicate() else Replicate()
+            assert a.placements == (piece,), (p, i, a.placements)
             torch.testing.assert_close(a.full_tensor(), b, **TOL, msg=lambda m, i=i, p=p: f"{p} #{i}: {m}")
+
+
+@WORLDS
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
+def test_total_norm_of_norm_pieces_reduces_one_scalar_at_first_use(world, n, p) -> None:
+    """clip_grad_norm_'s shape: per-tensor norms, ``stack`` (a replicated
+    norm among sharded ones), ``vector_norm`` of the same order: all local;
+    the first pointwise use of the total sends one all-reduce of one scalar."""
+    mesh = _mesh(n)
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(9, 4, generator=g), torch.randn(4, generator=g), torch.randn(3, 10, generator=g)]
+    ds = [distribute_tensor(x, mesh, pl)
+          for x, pl in zip(xs, [[Shard(0)], [Replicate()], [Shard(1)]], strict=True)]
+    want = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(xs, p)), p)
+    with CommCounter() as c:
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(ds, p)), p)
+    assert c.counts == {} and total.placements == (norm_partial(p),), (c.counts, total.placements)
+    with CommCounter() as c:
+        coef = 1.0 / (total + 1e-6)
+    assert c.counts == {"all_reduce": 1} and c.bytes == {"all_reduce": 4}, (c.counts, c.bytes)
+    assert coef.placements == (Replicate(),)
+    torch.testing.assert_close(coef.to_local(), 1.0 / (want + 1e-6), **TOL)
+    torch.testing.assert_close(total.full_tensor(), want, **TOL)
+
+
+@WORLDS
+def test_clip_grad_norm_over_mixed_placements_equals_single_device(world, n) -> None:
+    """Norm types 2, 1, inf over Shard(0) / Shard(1) / Replicate gradients:
+    clipped gradients and the returned total equal single device, and the
+    clip sends one all-reduce of one scalar."""
+    mesh = _mesh(n)
+    g = torch.Generator().manual_seed(7)
+    grads = [torch.randn(10, 6, generator=g), torch.randn(10, generator=g),
+             torch.randn(4, 10, generator=g), torch.randn(4, generator=g)]
+    layouts = [[Shard(0)], [Shard(0)], [Shard(1)], [Replicate()]]
+    for norm_type in (2.0, 1.0, math.inf):
+        ref = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+        ours = [torch.nn.Parameter(distribute_tensor(torch.zeros_like(x), mesh, pl))
+                for x, pl in zip(grads, layouts, strict=True)]
+        for a, b, x, pl in zip(ref, ours, grads, layouts, strict=True):
+            a.grad = x.clone()
+            b.grad = distribute_tensor(x, mesh, pl)
+        want = torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type=norm_type)
+        with CommCounter() as c:
+            got = torch.nn.utils.clip_grad_norm_(ours, 0.5, norm_type=norm_type)
+        assert c.counts == {"all_reduce": 1} and c.bytes == {"all_reduce": 4}, (norm_type, c.counts, c.bytes)
+        torch.testing.assert_close(got.full_tensor(), want, **TOL)
+        for a, b, pl in zip(ref, ours, layouts, strict=True):
+            assert b.grad.placements == tuple(pl)
+            torch.testing.assert_close(b.grad.full_tensor(), a.grad, **TOL)
 
 
 @pytest.mark.world_size(2)
 def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypatch) -> None:
     """The second ``_foreach_norm`` with the same key (every clipping step)
-    skips the general path: its plan's fast form runs the combining ``local``
-    on the list's pieces, with the same result and the one all-reduce."""
+    skips the general path: its plan's fast form runs the rule's ``local`` on
+    the list's pieces, with the same result and nothing sent; a new order is
+    a new plan (the order is in the call key: it decides the placements)."""
     from dtensor.dispatch import general
     from dtensor.dispatch.cache import TABLE
     from dtensor.dispatch.form import FAST_LOCAL
@@ -124,8 +183,12 @@ def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypa
     monkeypatch.setattr(general, "run", lambda *a: runs.append(1) or real(*a))
     with CommCounter() as c:
         again = torch._foreach_norm(ds, 2.0)
-    assert runs == [] and c.counts == {"all_reduce": 1}, (runs, c.counts)
-    for a, b, w in zip(first, again, want, strict=True):
-        assert a.placements == b.placements == (Replicate(),)
+    assert runs == [] and c.counts == {}, (runs, c.counts)
+    for a, b, w, pl in zip(first, again, want, [[Shard(0)], [Replicate()], [Shard(1)]], strict=True):
+        piece = Replicate() if pl[0] == Replicate() else norm_partial(2.0)
+        assert a.placements == b.placements == (piece,)
         torch.testing.assert_close(b.full_tensor(), w, **TOL)
         torch.testing.assert_close(a.full_tensor(), b.full_tensor(), rtol=0, atol=0)
+    inf = torch._foreach_norm(ds, math.inf)  # same key but the order's value
+    assert runs == [1] and inf[0].placements == (norm_partial(math.inf),), (runs, inf[0].placements)
+    torch.testing.assert_close(inf[2].full_tensor(), torch._foreach_norm(xs, math.inf)[2], **TOL)

@@ -172,8 +172,9 @@ def test_meta_init_to_empty_reset_parameters(world, n, style) -> None:
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
 def test_clip_grad_norm_default_flags_one_scalar_all_reduce(world, n, norm_type) -> None:
     """foreach=None (the default) takes the foreach path for DTensors: the
-    S(0)/S(1) gradients' norms are combined by one all-reduce, nothing is
-    gathered, and the gradients equal single-device clipping."""
+    S(0)/S(1) gradients' norms stay norm pieces until the total is used, so
+    the clip sends one all-reduce of one scalar, nothing is gathered, and the
+    gradients equal single-device clipping."""
     from dtensor.debug import CommCounter
 
     ref, model = _pair(n)
@@ -185,7 +186,7 @@ def test_clip_grad_norm_default_flags_one_scalar_all_reduce(world, n, norm_type)
     want = nn.utils.clip_grad_norm_(ref.parameters(), 0.01, norm_type=norm_type)
     with CommCounter() as c:
         got = nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type=norm_type)
-    assert c.counts == {"all_reduce": 1}, c.counts
+    assert c.counts == {"all_reduce": 1} and c.bytes == {"all_reduce": 4}, (c.counts, c.bytes)
     torch.testing.assert_close(_full(got), want, **TOL)
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         assert p.grad.placements == p.placements, name
@@ -193,9 +194,14 @@ def test_clip_grad_norm_default_flags_one_scalar_all_reduce(world, n, norm_type)
                                    msg=lambda m, name=name: f"{name}: {m}")
     with CommCounter() as c:
         nn.utils.clip_grad_value_(model.parameters(), 1e-3)
-        nn.utils.get_total_norm([p.grad for p in model.parameters()])
+        total = nn.utils.get_total_norm([p.grad for p in model.parameters()])
     nn.utils.clip_grad_value_(ref.parameters(), 1e-3)
-    assert c["all_gather"] == 0 and c.total == 1, c.counts
+    assert c.total == 0, c.counts  # the total stays norm pieces until read
+    with CommCounter() as c:
+        got_total = total.full_tensor()
+    assert c.counts == {"all_reduce": 1} and c.bytes == {"all_reduce": 4}, (c.counts, c.bytes)
+    torch.testing.assert_close(
+        got_total, nn.utils.get_total_norm([p.grad for p in ref.parameters()]), **TOL)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(_full(p.grad), q.grad, **TOL)
 

@@ -6,7 +6,8 @@ in Python). ``TABLE``: one ``Plan`` per call key. A call key is built in one
 pass over the arguments by ``dtensor.dispatch.fast`` and nowhere else: the op
 handle, then each argument in order: a DTensor as its spec, a plain operand
 as ``(PLAIN, shape, dtype, device)``, an int or None as itself, a float or
-complex as its type alone (no rule or result type depends on its value), a
+complex as its type alone (no rule or result type depends on its value, but
+for the ops in ``VALUE_KEYED``, whose floats are appended as values), a
 list or tuple as the tuple of its items' keys, any other value as
 ``(type, value)`` (2, 2.0 and True hash alike but promote differently);
 then each keyword and its value's key.
@@ -26,16 +27,25 @@ everything (``dtensor.dispatch.forget()``).
 
 from __future__ import annotations
 
+import torch
+
 from dtensor import _comm
 from dtensor.dispatch.op import OpInfo, describe
 from dtensor.sharding import on_register
 
-__all__ = ["CACHE_LIMIT", "OPS", "PLAIN", "TABLE", "forget", "record", "remember"]
+__all__ = ["CACHE_LIMIT", "OPS", "PLAIN", "TABLE", "VALUE_KEYED", "forget", "record", "remember"]
+
+_aten = torch.ops.aten
 
 CACHE_LIMIT = 1 << 16  # calls in TABLE; cleared when full (new shapes forever)
 PLAIN = object()  # key marker: a plain tensor operand follows as shape, dtype, device
 OPS: dict = {}
 TABLE: dict = {}
+# Ops whose placements depend on a float argument's value: a norm of a
+# sharded tensor is Partial("norm<p>") with p its order (dtensor/rules/norms.py).
+VALUE_KEYED = frozenset(op._op for op in (
+    _aten._foreach_norm.Scalar, _aten.linalg_vector_norm.default,
+))
 
 
 def record(func) -> OpInfo:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dtensor.dispatch.cache import PLAIN, TABLE
+from dtensor.dispatch.cache import PLAIN, TABLE, VALUE_KEYED
 from dtensor.dispatch.call import SCALAR_TYPES, implicit
 from dtensor.dispatch.form import FAST_LOCAL, FAST_NONE, FAST_ONE, FAST_SELF
 from dtensor.dispatch.general import general, planned
@@ -123,6 +123,10 @@ def dispatch(func, args, kwargs):
                 if kv is _NO_KEY:
                     return general(func, args, kwargs, None)
                 key.append(kv)
+    if func._op in VALUE_KEYED:  # a rule reads a float's value (a norm's order)
+        key.append(tuple(a for a in args if type(a) is float))
+        if kwargs:
+            key.append(tuple((k, v) for k, v in kwargs.items() if type(v) is float))
     key = tuple(key)
     try:
         plan = TABLE.get(key)

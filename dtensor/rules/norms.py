@@ -8,9 +8,15 @@ the shares, and finite ``p`` takes the ``1/p``-th root. The result is
 replicated on those axes. Dims that are not reduced keep their shards, and
 partial values are reduced first (a norm is not linear in its pieces).
 
-``_foreach_norm`` (what ``clip_grad_norm_`` calls) groups the list by the
-mesh axes its elements are sharded on and sends **one** all-reduce per group
-and axis, carrying every norm of the group, instead of one per tensor.
+``_foreach_norm`` (what ``clip_grad_norm_`` calls) sends nothing for an
+order ``p >= 0`` or ``inf``: each rank's norm of its piece is the result's
+piece under ``Partial("norm<p>")`` (``dtensor.placement.norm_partial``). A
+``vector_norm`` of the same order over such pieces is again a piece of the
+norm (``(sum_t sum_r x[t,r]**p) ** (1/p)`` in either order; max of maxes), and
+``stack`` / ``cat`` keep them, so ``clip_grad_norm_``'s total stays partial
+until its first use reduces **one** scalar per mesh axis. Negative orders
+(no identity for empty pieces) reduce in the rule: one all-reduce per group
+of elements sharded on the same mesh axes, carrying every norm of the group.
 
 The rules are pure; the combining happens in their ``local`` functions,
 which run at execution time (``Sharding.local``) and read ``ord`` from the
@@ -24,7 +30,8 @@ import math
 import torch
 
 from dtensor import _comm
-from dtensor.placement import Replicate, Shard
+from dtensor._norm_wire import combining_op, from_bits, nan_first_bits
+from dtensor.placement import Partial, Replicate, Shard, norm_partial
 from dtensor.rules._util import bind, norm_dim
 from dtensor.sharding import Sharding
 
@@ -35,15 +42,6 @@ aten = torch.ops.aten
 
 def _ord(value) -> float:
     return 2.0 if value is None else float(value)
-
-
-def _how(p: float) -> str:
-    """The all-reduce that combines shares of the ``p``-norm."""
-    if p == math.inf:
-        return "max"
-    if p == -math.inf:
-        return "min"
-    return "sum"
 
 
 def local_share(x: torch.Tensor, p: float, dims, keepdim: bool, dtype) -> torch.Tensor:
@@ -65,45 +63,17 @@ def local_share(x: torch.Tensor, p: float, dims, keepdim: bool, dtype) -> torch.
 def combine_shares(shares: torch.Tensor, p: float, mesh, axes) -> torch.Tensor:
     """The ``p``-norms from shares held along mesh ``axes``: one all-reduce per
     axis (of the whole tensor ``shares``), then the root for finite ``p``."""
-    how = _how(p)
-    buf = shares if how == "sum" else _nan_first_bits(shares, how)
+    how = combining_op(p)
+    buf = shares if how == "sum" else nan_first_bits(shares, how)
     for axis in axes:
         group = mesh.axis_group(axis)
         if group is not None:
             buf = _comm.all_reduce(buf, how, group)
     if how != "sum":
-        return _from_bits(buf, how, shares.dtype)
+        return from_bits(buf, how, shares.dtype)
     if p == 0.0:
         return buf
     return buf.pow(1.0 / p)
-
-
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _nan_first_bits(shares: torch.Tensor, how: str) -> torch.Tensor:
-    """Shares of a ±inf norm (each >= 0, or NaN) as integers whose max / min
-    is the float max / min with a NaN held by any rank winning.
-
-    NOTE: Gloo's float max/min keep whichever operand compares first, so a
-    NaN held by one rank could vanish. The bits of non-negative IEEE floats
-    order as integers do, and a NaN with its sign bit clear (``abs``) lies
-    above +inf: an integer max keeps it. For min a NaN becomes -1, below every
-    non-negative float. One element per norm on the wire (was two: value
-    and a NaN flag).
-    """
-    bits = shares.abs().view(_INT_OF_SIZE[shares.element_size()])
-    if how == "min":
-        bits = torch.where(torch.isnan(shares), torch.full_like(bits, -1), bits)
-    return bits
-
-
-def _from_bits(bits: torch.Tensor, how: str, dtype) -> torch.Tensor:
-    if how == "min":
-        nan = bits < 0
-        return torch.where(nan, torch.full((), math.nan, dtype=dtype),
-                           bits.clamp_min(0).view(dtype))
-    return bits.view(dtype)
 
 
 def _reduced(spec, dims) -> tuple[int, ...]:
@@ -167,6 +137,11 @@ def vector_norm_rule(call):
     a = bind(call)
     dims = _reduced(spec, a.get(names[1]) if names[1] else None)
     keepdim = bool(a.get(names[2])) if names[2] else False
+    # Pieces of a p-norm (p > 0) stay pieces under a norm of the same order;
+    # counts (p = 0) do not: the count of non-zero counts is not their sum.
+    keep = _partial_of(a.get(names[0]))
+    if keep is not None and keep.norm_order == 0:
+        keep = None
     want, out, axes = [], [], []
     for axis, p in enumerate(spec.placements):
         if isinstance(p, Shard) and p.dim not in dims:
@@ -176,6 +151,9 @@ def vector_norm_rule(call):
             want.append(p)
             out.append(Replicate())
             axes.append(axis)
+        elif keep is not None and p == keep:  # a norm of norm pieces: a piece
+            want.append(p)
+            out.append(p)
         else:  # partial pieces are reduced first; replicated stays
             want.append(Replicate())
             out.append(Replicate())
@@ -225,18 +203,51 @@ def _foreach_combined(groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...
     return local
 
 
+def _partial_of(order) -> Partial | None:
+    """``Partial("norm<p>")`` for a norm's ``ord`` argument, None where there is none."""
+    p = _ord(order)
+    return norm_partial(p) if p >= 0 else None  # NaN and negative orders: none
+
+
+def _foreach_pieces(func, coord, out_specs, args, kwargs):
+    """Each rank's norms of its pieces, the results' pieces (no communication)."""
+    a = dict(zip(("self", "ord", "dtype"), args, strict=False)) | kwargs
+    xs = a["self"]
+    p = _ord(a.get("ord", 2))
+    dtype = a.get("dtype")
+    if _all_ok(xs, p):
+        return list(torch._foreach_norm(xs, p, dtype=dtype))
+    # inf-norm of an empty piece: torch refuses; 0 is the max's identity here
+    # (norms are >= 0).
+    return [torch.linalg.vector_norm(x, p, dtype=dtype) if x.numel()
+            else torch.linalg.vector_norm(x, 2.0, dtype=dtype)
+            for x in xs]
+
+
 def _all_ok(xs, p: float) -> bool:
     """``_foreach_norm`` may run on the local pieces as they are."""
     return (p >= 0 and p != math.inf) or all(x.numel() for x in xs)
 
 
 def foreach_norm_rule(call):
-    """Per element like ``vector_norm_rule`` over all dims; one all-reduce per
-    group of elements sharded on the same mesh axes (and per axis)."""
+    """Shard -> ``Partial("norm<p>")`` pieces for ``p >= 0`` or ``inf``, no
+    communication; other orders per element like ``vector_norm_rule`` over all
+    dims, with one all-reduce per group of elements sharded on the same mesh
+    axes (and per axis)."""
     specs = call.specs
     if not specs:
         return None
     mesh = specs[0].mesh
+    piece = _partial_of(bind(call).get("ord"))
+    if piece is not None:
+        want, out = [], []
+        for spec in specs:
+            want.append(tuple(p if isinstance(p, Shard) else Replicate()
+                              for p in spec.placements))
+            out.append(tuple(piece if isinstance(p, Shard) else Replicate()
+                             for p in spec.placements))
+        return Sharding(tuple(want), tuple(out), local=_foreach_pieces,
+                        shapes=((),) * len(specs))
     want, groups = [], {}
     for i, spec in enumerate(specs):
         axes = tuple(a for a, p in enumerate(spec.placements) if isinstance(p, Shard))

@@ -271,8 +271,16 @@ def _join(specs, dim: int, shift: bool):
     for axis in range(specs[0].mesh.ndim):
         kinds = [s.placements[axis] for s in specs]
         choice = Replicate()
+        partials = {k for k in kinds if isinstance(k, Partial)}
         if all(k == kinds[0] for k in kinds) and is_linear_partial(kinds[0]):
             choice = kinds[0]
+        elif (len(partials) == 1 and next(iter(partials)).norm_order is not None
+              and all(isinstance(k, (Partial, Replicate)) for k in kinds)):
+            # Norm pieces (clip_grad_norm_'s stack of per-tensor norms): a
+            # replicated norm joins them without communication (it stays on
+            # coordinate 0, zeros elsewhere), where reducing the pieces
+            # would send one all-reduce per norm.
+            choice = next(iter(partials))
         else:
             for k in kinds:
                 if isinstance(k, Shard) and (shift or k.dim != dim):

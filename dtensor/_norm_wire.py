@@ -1,0 +1,73 @@
+"""p-norms on the wire: what ranks send to combine pieces of a p-norm.
+
+Pieces of a p-norm combine with a plain reduction of a transform of them:
+finite ``p > 0`` sums ``piece ** p`` and takes the ``1/p``-th root, ``p = 0``
+(counts of non-zeros) sums, ``inf`` takes the max. Pure tensor math, no
+communication: ``dtensor._comm`` runs the reduction between ``to_wire`` and
+``from_wire`` for a ``Partial("norm<p>")`` (``dtensor.placement.norm_partial``)
+and the norm rules use the same pieces for their shares.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["combining_op", "from_bits", "from_wire", "nan_first_bits", "to_wire"]
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def combining_op(p: float) -> str:
+    """The reduction that combines shares of the ``p``-norm (sum, max or min)."""
+    if p == math.inf:
+        return "max"
+    if p == -math.inf:
+        return "min"
+    return "sum"
+
+
+def nan_first_bits(shares: torch.Tensor, how: str) -> torch.Tensor:
+    """Shares of a ±inf norm (each >= 0, or NaN) as integers whose max / min
+    is the float max / min with a NaN held by any rank winning.
+
+    NOTE: Gloo's float max/min keep whichever operand compares first, so a
+    NaN held by one rank could vanish. The bits of non-negative IEEE floats
+    order as integers do, and a NaN with its sign bit clear (``abs``) lies
+    above +inf: an integer max keeps it. For min a NaN becomes -1, below every
+    non-negative float. One element per norm on the wire.
+    """
+    bits = shares.abs().view(_INT_OF_SIZE[shares.element_size()])
+    if how == "min":
+        bits = torch.where(torch.isnan(shares), torch.full_like(bits, -1), bits)
+    return bits
+
+
+def from_bits(bits: torch.Tensor, how: str, dtype) -> torch.Tensor:
+    """Floats back from ``nan_first_bits`` after the reduction."""
+    if how == "min":
+        nan = bits < 0
+        return torch.where(nan, torch.full((), math.nan, dtype=dtype),
+                           bits.clamp_min(0).view(dtype))
+    return bits.view(dtype)
+
+
+def to_wire(pieces: torch.Tensor, p: float) -> tuple[torch.Tensor, str]:
+    """What a rank sends for its p-norm ``pieces``, and the reduction to run."""
+    how = combining_op(p)
+    if how != "sum":
+        return nan_first_bits(pieces, how), how
+    if p in (0.0, 1.0):
+        return pieces, how
+    return pieces.pow(p), how
+
+
+def from_wire(reduced: torch.Tensor, p: float, dtype) -> torch.Tensor:
+    """The p-norms from the reduced wire values of ``to_wire``."""
+    how = combining_op(p)
+    if how != "sum":
+        return from_bits(reduced, how, dtype)
+    if p in (0.0, 1.0):
+        return reduced
+    return reduced.pow(1.0 / p)

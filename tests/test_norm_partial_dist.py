@@ -1,0 +1,141 @@
+"""Covers: ``Partial("norm<p>")`` (dtensor/placement.py ``norm_partial``,
+dtensor/_norm_wire.py, the norm cases of dtensor/_comm.py all_reduce and
+reduce_scatter, dtensor/redistribute.py ``_to_partial``, the stack/cat join
+in dtensor/rules/view.py, dtensor/interop.py) on Gloo worlds: pieces that are
+each rank's p-norm of its share redistribute to the single-device norm, to
+Shard (uneven too) and on 2-D meshes; Replicate -> norm pieces round-trips,
+refuses negative values on every rank alike; PyTorch's ``_NormPartial``
+converts both ways."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dtensor import DeviceMesh, DTensor, Partial, PlacementError, Replicate, Shard, distribute_tensor
+from dtensor.debug import CommCounter
+from dtensor.placement import norm_partial
+
+W4 = pytest.mark.world_size(4)
+ORDERS = [2.0, 1.0, 3.0, 0.0, math.inf]
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _pieces(x: torch.Tensor, mesh: DeviceMesh, p: float, axis: int = 0) -> DTensor:
+    """Column p-norms of ``x`` as norm pieces: rank r holds the norms of its
+    ``torch.chunk`` of rows along mesh ``axis`` (uneven and empty chunks too)."""
+    coord = mesh.get_coordinate()[axis]
+    rows = x.chunk(mesh.shape[axis], dim=0)
+    mine = rows[coord] if coord < len(rows) else x[:0]
+    local = torch.linalg.vector_norm(mine, p, dim=0) if mine.numel() else torch.zeros(x.shape[1])
+    placements = [Replicate()] * mesh.ndim
+    placements[axis] = norm_partial(p)
+    return DTensor.from_local(local, mesh, placements, run_check=False)
+
+
+@W4
+@pytest.mark.parametrize("p", ORDERS, ids=str)
+@pytest.mark.parametrize("rows", [12, 5, 2], ids=["even", "uneven", "empty-shards"])
+def test_norm_pieces_redistribute_to_the_single_device_norm(world, p, rows) -> None:
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    x = torch.randn(rows, 7, generator=torch.Generator().manual_seed(rows))
+    want = torch.linalg.vector_norm(x, p, dim=0)
+    d = _pieces(x, mesh, p)
+    with CommCounter() as c:
+        r = d.redistribute(mesh, [Replicate()])
+    assert c.counts == {"all_reduce": 1}, c.counts
+    torch.testing.assert_close(r.to_local(), want, **TOL)
+    s = d.redistribute(mesh, [Shard(0)])  # 7 columns over 4 ranks: uneven
+    torch.testing.assert_close(s.full_tensor(), want, **TOL)
+    assert s.to_local().shape[0] == len(want.chunk(4)[mesh.get_coordinate()[0]]) \
+        if mesh.get_coordinate()[0] < len(want.chunk(4)) else s.to_local().numel() == 0
+    back = r.redistribute(mesh, [norm_partial(p)])  # Replicate -> pieces
+    if p != math.inf and mesh.get_coordinate()[0] != 0:
+        assert torch.equal(back.to_local(), torch.zeros_like(want))
+    torch.testing.assert_close(back.full_tensor(), want, **TOL)
+
+
+@W4
+@pytest.mark.parametrize("p", [2.0, math.inf], ids=str)
+def test_norm_pieces_on_a_2d_mesh(world, p) -> None:
+    """Pieces on both axes of a 2x2 mesh reduce in either order to the norm;
+    pieces kept on one axis while the other reduces stay pieces."""
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(4))
+    want = torch.linalg.vector_norm(x, p, dim=0)
+    a, b = mesh.get_coordinate()
+    quarter = x.chunk(4, dim=0)[2 * a + b]
+    local = torch.linalg.vector_norm(quarter, p, dim=0)
+    d = DTensor.from_local(local, mesh, [norm_partial(p), norm_partial(p)], run_check=False)
+    torch.testing.assert_close(d.full_tensor(), want, **TOL)
+    half = d.redistribute(mesh, [norm_partial(p), Replicate()])
+    assert half.placements == (norm_partial(p), Replicate())
+    torch.testing.assert_close(half.full_tensor(), want, **TOL)
+    torch.testing.assert_close(d.redistribute(mesh, [Shard(0), Replicate()]).full_tensor(), want, **TOL)
+
+
+@W4
+def test_nan_in_one_inf_norm_piece_wins(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    local = torch.tensor([1.0, 2.0]) if world.rank != 2 else torch.tensor([math.nan, 5.0])
+    d = DTensor.from_local(local, mesh, [norm_partial(math.inf)], run_check=False)
+    full = d.full_tensor()
+    assert math.isnan(full[0]) and full[1] == 5.0, full
+
+
+@W4
+def test_negative_values_refuse_to_become_norm_pieces_on_every_rank(world) -> None:
+    """A replicated -1 on coordinate 0 with zeros elsewhere would combine to
+    |-1|: every rank raises (none waits in a collective), in redistribute and
+    in a stack that joins a replicated operand to norm pieces, the second
+    time too (the cached plan's fast form)."""
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    neg = distribute_tensor(torch.tensor([-1.0, 2.0]), mesh, [Replicate()])
+    with pytest.raises(PlacementError, match="negative entries"):
+        neg.redistribute(mesh, [norm_partial(2.0)])
+    pieces = DTensor.from_local(torch.tensor(1.0), mesh, [norm_partial(2.0)], run_check=False)
+    ok = distribute_tensor(torch.tensor(3.0), mesh, [Replicate()])
+    for _ in range(2):
+        s = torch.stack([pieces, ok])
+        assert s.placements == (norm_partial(2.0),)
+        torch.testing.assert_close(s.full_tensor(), torch.tensor([2.0, 3.0]))
+    bad = distribute_tensor(torch.tensor(-3.0), mesh, [Replicate()])
+    for _ in range(2):
+        with pytest.raises(PlacementError, match="negative entries"):
+            torch.stack([pieces, bad])
+    torch.testing.assert_close(torch.stack([pieces.redistribute(mesh, [Replicate()]), bad]).full_tensor(),
+                               torch.tensor([2.0, -3.0]))  # reduced first: the user's way out
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("p", [2.0, 3.0, math.inf, 0.0], ids=str)
+def test_norm_pieces_convert_to_and_from_pytorch(world, p) -> None:
+    from torch.distributed.tensor import Partial as TPartial
+
+    from dtensor.interop import from_torch, to_torch
+
+    mesh = DeviceMesh("cpu", [0, 1])
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(9))
+    d = _pieces(x, mesh, p)
+    t = to_torch(d)
+    assert isinstance(t.placements[0], TPartial)
+    torch.testing.assert_close(t.full_tensor(), torch.linalg.vector_norm(x, p, dim=0), **TOL)
+    back = from_torch(t)
+    if p not in (0.0, math.inf):  # PyTorch's own partial-norm placement maps back
+        assert back.placements == (norm_partial(p),)
+    torch.testing.assert_close(back.full_tensor(), torch.linalg.vector_norm(x, p, dim=0), **TOL)
+
+
+def test_norm_partial_names_and_errors() -> None:
+    assert norm_partial(2) == Partial("norm2") == Partial("NORM2.0")
+    assert str(norm_partial(math.inf)) == "P(norminf)" and norm_partial(0.5).norm_order == 0.5
+    assert norm_partial(2.0).identity() == 0 and not norm_partial(2.0).is_linear
+    assert norm_partial(math.inf).is_idempotent and norm_partial(math.inf).identity() is None
+    assert Partial("sum").norm_order is None
+    for bad in (-1.0, -math.inf, math.nan):
+        with pytest.raises(PlacementError, match="p >= 0 or inf"):
+            norm_partial(bad)
+    with pytest.raises(PlacementError, match="norm<p>"):
+        Partial("norm-2")
