@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from dtensor.errors import PlacementError
 from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
 from dtensor.rules._util import bind, norm_dim, num_shards
 from dtensor.sharding import Sharding
@@ -299,13 +300,61 @@ def _join(specs, dim: int, shift: bool):
     return tuple(want), tuple(out)
 
 
+def _joined(specs, want, out) -> Sharding:
+    """The Sharding of a cat/stack whose operands take ``want``.
+
+    Replicated operands joining norm pieces stay as they are and become
+    pieces inside the op (zeros off coordinate 0 of a finite p-norm axis):
+    the same values ``Replicate -> Partial("norm<p>")`` gives, without a
+    redistribute per operand (``clip_grad_norm_`` stacks one per replicated
+    gradient every step), so the plan keeps a fast form.
+    """
+    axes = [a for a, p in enumerate(want) if isinstance(p, Partial) and p.norm_order is not None]
+    keep = [i for i, s in enumerate(specs)
+            if axes and any(s.placements[a] == Replicate() for a in axes)]
+    if not keep:
+        return Sharding((want,) * len(specs), (out,))
+    inputs = []
+    for i, s in enumerate(specs):
+        if i in keep:
+            inputs.append(tuple(s.placements[a] if a in axes and s.placements[a] == Replicate()
+                                else p for a, p in enumerate(want)))
+        else:
+            inputs.append(want)
+    zero = tuple((i, tuple(a for a in axes if specs[i].placements[a] == Replicate()
+                           and not want[a].is_idempotent)) for i in keep)
+    return Sharding(tuple(inputs), (out,), local=_norm_join_local(zero, want))
+
+
+def _norm_join_local(zero, want):
+    def local(func, coord, out_specs, args, kwargs):
+        tensors = list(args[0])
+        for i, axes in zero:
+            t = tensors[i]
+            if t.numel() and bool((t < 0).any()):
+                # Every coordinate holds the same replicated values: all raise.
+                a = next(a for a, p in enumerate(want) if isinstance(p, Partial)
+                         and p.norm_order is not None)
+                raise PlacementError(
+                    f"{func}: operand {i} is Replicate() with negative entries "
+                    f"(min {t.min().item()}) joining {want[a]} norm pieces, which "
+                    f"are norms (>= 0): redistribute the {want[a]} operands to "
+                    f"Replicate() first"
+                )
+            if any(coord[a] != 0 for a in axes):
+                tensors[i] = torch.zeros_like(t)
+        return func(tensors, *args[1:], **kwargs)
+
+    return local
+
+
 def cat_rule(call):
     specs = call.specs
     if not specs or any(s.ndim != specs[0].ndim for s in specs) or specs[0].ndim == 0:
         return None
     dim = norm_dim(bind(call)["dim"], specs[0].ndim)
     want, out = _join(specs, dim, shift=False)
-    return Sharding((want,) * len(specs), (out,))
+    return _joined(specs, want, out)
 
 
 def stack_rule(call):
@@ -314,7 +363,7 @@ def stack_rule(call):
         return None
     dim = norm_dim(bind(call)["dim"], specs[0].ndim + 1)
     want, out = _join(specs, dim, shift=True)
-    return Sharding((want,) * len(specs), (out,))
+    return _joined(specs, want, out)
 
 
 # index_select / gather -------------------------------------------------------------
