@@ -227,7 +227,7 @@ class SimMode:
     def smallest(self, item: pytest.Item, n: int) -> tuple[int, str, dict] | None:
         """The smallest world (simulated re-runs, smallest first) in which the
         same test still fails; None if no smaller one does or none is known."""
-        variants = self.config.hook.pytest_dist_sim_smaller_worlds(item=item, size=n) or []
+        variants = self._variants(item, n)
         for m, nodeid, env in sorted(variants, key=lambda v: v[0]):
             if m >= n:
                 continue
@@ -238,11 +238,33 @@ class SimMode:
                 continue
         return None
 
+    def _variants(self, item: pytest.Item, n: int) -> list[tuple[int, str, dict]]:
+        """The hook's answer, checked: a project's mistake there names the
+        hook and what it returned, not an unpacking error deep in here."""
+        got = self.config.hook.pytest_dist_sim_smaller_worlds(item=item, size=n) or []
+        ok = isinstance(got, (list, tuple)) and all(
+            isinstance(v, (list, tuple)) and len(v) == 3 and isinstance(v[0], int)
+            and not isinstance(v[0], bool) and isinstance(v[1], str) and isinstance(v[2], dict)
+            for v in got
+        )
+        if not ok:
+            raise pytest.UsageError(
+                f"pytest_dist_sim_smaller_worlds(item={item.nodeid!r}, size={n}) must "
+                f"return None or a list of (world size: int, node id: str, env: dict), "
+                f"got {got!r}"
+            )
+        return [tuple(v) for v in got]
+
     def confirm(self, item: pytest.Item, n: int) -> str:
         """Find the smallest world that still fails (simulated), then re-run
         the failure on a real world of that size; lines saying what it found."""
         lines, nodeid, env = [], item.nodeid, {}
-        found = self.smallest(item, n)
+        try:
+            offered = bool(self._variants(item, n))
+            found = self.smallest(item, n)
+        except pytest.UsageError as e:  # the failure itself still gets reported
+            lines.append(f"Smallest-world search skipped: {e}")
+            offered, found = False, None
         if found is not None:
             m, nodeid, env = found
             words = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in self._extra()
@@ -255,7 +277,7 @@ class SimMode:
                                    f"--nproc_per_node={m}", "-m", "pytest", f"'{nodeid}'",
                                    *rest]))
             n = m
-        elif self.config.hook.pytest_dist_sim_smaller_worlds(item=item, size=n):
+        elif offered:
             lines.append(f"Smallest world: {n} ranks (no smaller simulated world failed it "
                          "at this example budget)")
         lines.append(self._confirm_real(nodeid, env, n))

@@ -5,6 +5,8 @@ lockstep across them, failures with simulated and real Replay lines, and
 
 from __future__ import annotations
 
+import pytest
+
 SUITE = """
 import os
 import threading
@@ -123,3 +125,20 @@ def test_body_draws_are_the_same_on_every_rank_under_frequent_thread_switches(ch
     r = child({"test_d.py": DRAWS}, "-c", script)
     assert r.rc == 0, r.out
     assert "1 passed" in r.out, r.out
+
+
+@pytest.mark.parametrize("answer", [[(2, "t.py::x")], [("2", "t.py::x", {})], "2", [(True, "t.py::x", {})]],
+                         ids=["two-fields", "size-str", "not-a-list", "size-bool"])
+def test_a_malformed_smaller_worlds_hook_answer_names_the_hook(answer) -> None:
+    from types import SimpleNamespace
+
+    from launch.sim_mode import SimMode
+
+    mode = SimMode.__new__(SimMode)
+    mode.config = SimpleNamespace(hook=SimpleNamespace(
+        pytest_dist_sim_smaller_worlds=lambda item, size: answer))
+    item = SimpleNamespace(nodeid="t.py::x[4ranks]")
+    with pytest.raises(pytest.UsageError, match=r"pytest_dist_sim_smaller_worlds\(item='t.py::x\[4ranks\]', size=4\) must return"):
+        mode._variants(item, 4)
+    mode.config.hook.pytest_dist_sim_smaller_worlds = lambda item, size: [[2, "t.py::x[2ranks]", {"A": "1"}]]
+    assert mode._variants(item, 4) == [(2, "t.py::x[2ranks]", {"A": "1"})]
