@@ -4,12 +4,14 @@ norms, var/std, any/all, logsumexp, and scans/sorts along one dim.
 Dims that are not reduced keep their shards, so a reduction over an
 unsharded dim never communicates. A sum over a sharded dim gives
 ``Partial(sum)``; a mean gives ``Partial(sum)`` of local sums divided by the
-global count (a mean of uneven local means would be wrong). Everything else
-that reduces a sharded dim (max and friends: a NaN or an empty piece breaks
-a max of pieces; argmax needs global indices) first gathers that dim,
-except the whole-tensor ``max()`` / ``min()``: each rank takes its local
-extreme and one all-reduce of one element combines them (see
-``extreme_rule``).
+global count (a mean of uneven local means would be wrong). A product over
+a sharded dim gives ``Partial(product)`` of local products (an empty piece
+holds 1, the identity); complex products keep gathering, as ``Partial``
+cannot multiply complex pieces. Everything else that reduces a sharded dim
+(max and friends: a NaN or an empty piece breaks a max of pieces; argmax
+needs global indices) first gathers that dim, except the whole-tensor
+``max()`` / ``min()``: each rank takes its local extreme and one all-reduce
+of one element combines them (see ``extreme_rule``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def _reduced_dims(dim, ndim: int) -> tuple[int, ...]:
 
 def _reduction(kind: str, call):
     """kind: 'sum' (linear), 'mean' (linear, needs the global count), 'count'
-    (sums pieces but is not linear in partial values), 'other'."""
+    (sums pieces but is not linear in partial values), 'prod' (multiplies
+    pieces), 'other'."""
     spec = call.specs[0]
     if len(call.specs) != 1:
         return None
@@ -56,6 +59,16 @@ def _reduction(kind: str, call):
         a["dtype"].is_floating_point or a["dtype"].is_complex
     ):
         return None
+    keep_product = False
+    if kind == "prod":
+        dtype = _prod_dtype(spec.dtype, a.get("dtype"))
+        if dtype.is_complex:
+            kind = "other"  # Partial(product) refuses complex values
+        else:
+            # Products of product pieces are the product's pieces, in the
+            # same dtype only: an int32 piece wraps where its int64 product
+            # would not.
+            keep_product = dtype == spec.dtype
 
     def out_dim(d: int) -> int:
         return d if keepdim else d - sum(1 for r in dims if r < d)
@@ -70,7 +83,13 @@ def _reduction(kind: str, call):
             want.append(p)
             out.append(Partial("sum"))
             partial_sum = True
+        elif isinstance(p, Shard) and kind == "prod":
+            want.append(p)
+            out.append(Partial("product"))
         elif is_linear_partial(p) and kind in ("sum", "mean"):
+            want.append(p)
+            out.append(p)
+        elif keep_product and isinstance(p, Partial) and p.reduce_op == "product":
             want.append(p)
             out.append(p)
         else:
@@ -87,6 +106,16 @@ def _reduction(kind: str, call):
         count = math.prod(spec.shape[d] for d in dims) if ndim else 1
         local = _mean_as_sum(count)
     return Sharding((tuple(want),), (tuple(out),) * n, local=local, shapes=(shape,) * n)
+
+
+def _prod_dtype(dtype: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
+    """The dtype ``torch.prod`` returns: the requested one, else int64 for
+    integer and bool inputs, else the input's."""
+    if requested is not None:
+        return requested
+    if dtype.is_floating_point or dtype.is_complex:
+        return dtype
+    return torch.int64
 
 
 def _mean_as_sum(count: int):
@@ -151,12 +180,10 @@ def aminmax_rule(call):
     a = bind(call)
     if a.get("dim") is not None or a.get("keepdim"):
         return _OTHER(call)
-    (spec,) = call.specs
-    axes = tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard))
-    if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
+    layout = _extreme_layout(call.specs[0])
+    if layout is None:
         return _OTHER(call)
-    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
-    rep = (Replicate(),) * len(want)
+    axes, want, rep = layout
     lo, hi = _extreme_local("min", axes), _extreme_local("max", axes)
 
     def local(func, coord, out_specs, args, kwargs):
@@ -177,14 +204,24 @@ def extreme_rule(call):
     """
     if len(call.specs) != 1:
         return None
-    (spec,) = call.specs
-    axes = tuple(a for a, p in enumerate(spec.placements) if isinstance(p, Shard))
-    if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
+    layout = _extreme_layout(call.specs[0])
+    if layout is None:
         return _OTHER(call)
-    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
-    rep = (Replicate(),) * len(want)
+    axes, want, rep = layout
     how = "max" if call.func is aten.max.default else "min"
     return Sharding((want,), (rep,), local=_extreme_local(how, axes), shapes=((),))
+
+
+def _extreme_layout(spec):
+    """For a whole-tensor extreme of ``spec``: the sharded mesh axes, the
+    placements wanted (shards kept, partial values reduced first) and the
+    replicated result's; None where the gathering fallback must serve (no
+    shard, an empty tensor, a dtype without an order-preserving key)."""
+    axes = tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard))
+    if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
+        return None
+    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    return axes, want, (Replicate(),) * len(want)
 
 
 # dtype -> integer type its order-preserving key travels as (small types widen).
@@ -244,14 +281,15 @@ _SUM = reduction("sum")
 _MEAN = reduction("mean")
 _OTHER = reduction("other")
 _COUNT = reduction("count")
+_PROD = reduction("prod")
 
 RULES: dict = {
     aten.sum.default: _SUM,
     aten.sum.dim_IntList: _SUM,
     aten.mean.default: _MEAN,
     aten.mean.dim: _MEAN,
-    aten.prod.default: _OTHER,
-    aten.prod.dim_int: _OTHER,
+    aten.prod.default: _PROD,
+    aten.prod.dim_int: _PROD,
     aten.amax.default: _OTHER,
     aten.amin.default: _OTHER,
     aten.max.default: extreme_rule,
