@@ -183,7 +183,8 @@ class DTensorSpec:
         )
         object.__setattr__(self, "placements", placements)
         for p in placements:
-            if p.kind == "partial" and p.reduce_op in _DTYPE_BOUND:
+            if p.kind == "partial" and (p.reduce_op in _DTYPE_BOUND
+                                        or p.reduce_op.startswith("norm")):
                 _check_partial_dtype(p, self.tensor_meta.dtype)
         object.__setattr__(
             self, "_hash", hash((self.mesh, placements, self.tensor_meta))
@@ -278,7 +279,11 @@ _DTYPE_BOUND = frozenset(("product", "band", "bor", "bxor"))
 def _check_partial_dtype(p: Partial, dtype: torch.dtype) -> None:
     """Refuse a Partial op the dtype cannot be reduced with (before any rank
     communicates: every rank builds the same spec, so all raise alike)."""
-    if p.reduce_op == "product":
+    if p.reduce_op.startswith("norm"):
+        # Pieces are norms: real floats (the root of a power sum is one).
+        ok = dtype.is_floating_point
+        need = "a floating dtype (its pieces are p-norms)"
+    elif p.reduce_op == "product":
         # NOTE: complex values travel as (real, imag) pairs; a product of
         # pairs is not the complex product.
         ok = not dtype.is_complex
@@ -288,8 +293,8 @@ def _check_partial_dtype(p: Partial, dtype: torch.dtype) -> None:
         need = "an integer or bool dtype"
     if not ok:
         raise PlacementError(
-            f"{p!r}: needs {need}, got {dtype}. Cast first (x.to(torch.int64)) "
-            "or use Partial('sum'/'avg'/'max'/'min')"
+            f"{p!r}: needs {need}, got {dtype}. Cast first (x.to(torch.float32) "
+            "or x.to(torch.int64)) or use Partial('sum'/'avg'/'max'/'min')"
         )
 
 

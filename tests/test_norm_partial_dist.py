@@ -139,3 +139,10 @@ def test_norm_partial_names_and_errors() -> None:
             norm_partial(bad)
     with pytest.raises(PlacementError, match="norm<p>"):
         Partial("norm-2")
+
+
+@pytest.mark.world_size(2)
+def test_norm_pieces_need_a_floating_dtype(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    with pytest.raises(PlacementError, match="needs a floating dtype"):
+        DTensor.from_local(torch.tensor([3, 4]), mesh, [norm_partial(2.0)], run_check=False)
