@@ -3,7 +3,13 @@
 Layer norm keeps shards on the batch dims (those before the normalised
 shape); its weight and bias gradients sum over the batch, so they come out
 ``Partial(sum)`` where the batch is sharded. Embedding lookups keep the
-indices' shards (replicated table) or the table's column shards. The
+indices' shards (replicated table), the table's column shards, or its row
+(vocabulary) shards with replicated indices: each coordinate looks up the
+rows it holds and the output is ``Partial(sum)``, the table never gathered.
+The embedding gradient comes out replicated from replicated indices and
+output gradient: its rule cannot see the table's layout, and a row-sharded
+gradient for a replicated table would be gathered again at the optimizer
+step, while a replicated one reaches a row-sharded table by a local slice. The
 negative log-likelihood keeps a sharded batch for ``reduction='none'`` and
 ``'sum'`` (a partial sum); ``'mean'`` divides by a global weight total, so
 its forward all-reduces the local sum and weight total together (two
@@ -24,10 +30,18 @@ import math
 import torch
 
 from dtensor import _comm
-from dtensor.placement import Partial, Replicate, Shard, is_linear_partial, replicated
+from dtensor.placement import (
+    Partial,
+    Replicate,
+    Shard,
+    format_placements,
+    is_linear_partial,
+    replicated,
+)
 from dtensor.rules._util import bind
 from dtensor.rules.pointwise import pointwise_rule
 from dtensor.sharding import Sharding
+from dtensor.spec import local_block
 
 __all__ = ["RULES"]
 
@@ -67,18 +81,73 @@ def layer_norm_backward_rule(call):
 
 
 def embedding_rule(call):
+    """``embedding(weight, indices)`` keeps, per mesh axis: the indices' shard
+    (table replicated there), the table's column shard (``Shard(1)``: the
+    output's last dim), or the table's row shard (``Shard(0)``, the
+    vocabulary) with replicated indices. For the row shard each coordinate
+    looks up only the rows it holds and reads the others as zero rows, so the
+    output is ``Partial(sum)`` there: exactly one coordinate contributes each
+    row and the table never moves. ``padding_idx`` and ``scale_grad_by_freq``
+    only change backward, which autograd records with the global indices, so
+    every argument of this op leaves the masked lookup exact (``max_norm`` is
+    a separate op, ``embedding_renorm_``)."""
     weight, indices = call.specs
+    if weight.ndim != 2:
+        return None
     ww, wi, out = [], [], []
+    vocab = False
     for pw, pi in zip(weight.placements, indices.placements, strict=True):
         if isinstance(pi, Shard) and not isinstance(pw, Partial):
             ww.append(Replicate()), wi.append(pi), out.append(pi)
         elif isinstance(pw, Shard) and pw.dim == 1:
             ww.append(pw), wi.append(Replicate()), out.append(Shard(indices.ndim))
+        elif isinstance(pw, Shard) and pw.dim == 0:
+            ww.append(pw), wi.append(Replicate()), out.append(Partial("sum"))
+            vocab = True
         elif is_linear_partial(pw):
             ww.append(pw), wi.append(Replicate()), out.append(pw)
         else:
             ww.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
-    return Sharding((tuple(ww), tuple(wi)), (tuple(out),))
+    ww, wi, out = tuple(ww), tuple(wi), tuple(out)
+    if not vocab:
+        return Sharding((ww, wi), (out,))
+    shape = (*indices.shape, weight.shape[1])
+    local = _vocab_lookup(tuple(weight.shape), tuple(weight.mesh.shape), ww)
+    return Sharding((ww, wi), (out,), local=local, shapes=(shape,))
+
+
+def _vocab_lookup(shape: tuple[int, ...], mesh_shape: tuple[int, ...], ww):
+    """This coordinate's part of a lookup in a row-sharded table: its rows
+    ``[start, start + rows)`` (``torch.chunk`` pieces, possibly none), the
+    other indices read as zero rows."""
+    vocab = shape[0]
+
+    def local(func, coord, out_specs, args, kwargs):
+        table, ids = args[0], args[1]
+        (rows, _), (start, _) = local_block(shape, mesh_shape, ww, coord)
+        # A wrong index must not turn into a silent zero row: single device
+        # raises, and so does every coordinate holding that index.
+        if ids.numel():
+            ok = ((ids >= 0) & (ids < vocab)).all()
+            if ids.device.type == "cpu":
+                if not bool(ok):
+                    bad = ids[(ids < 0) | (ids >= vocab)][0].item()
+                    raise IndexError(
+                        f"{func}: index {bad} out of range for a table of {vocab} rows "
+                        f"(weight {format_placements(ww)})"
+                    )
+            else:  # no host sync on accelerators, like the op's own check
+                torch._assert_async(ok)
+        if rows == 0:  # a trailing piece of an uneven table holds no rows
+            return table.new_zeros((*ids.shape, table.shape[1]))
+        shifted = ids - start
+        outside = (shifted < 0) | (shifted >= rows)
+        # padding_idx -1: it only shapes backward, and may lie off this piece.
+        kwargs = {k: v for k, v in kwargs.items() if k != "padding_idx"}
+        out = func(table, shifted.masked_fill(outside, 0), -1, *args[3:], **kwargs)
+        return out.masked_fill_(outside.unsqueeze(-1), 0)
+
+    return local
 
 
 def embedding_backward_rule(call):
@@ -125,18 +194,23 @@ def nll_loss_rule(call):
     return Sharding(inputs, (out, partial))
 
 
+def _reduction_sum(func, args, kwargs):
+    """``args``/``kwargs`` of a loss call with its reduction set to 'sum'
+    (local pieces are summed before any global divisor is applied)."""
+    names = [a.name for a in func._schema.arguments]
+    i = names.index("reduction")
+    if i < len(args):
+        return (*args[:i], 2, *args[i + 1:]), kwargs
+    return args, {**kwargs, "reduction": 2}
+
+
 def _nll_mean_local(axes: tuple[int, ...]):
     """The local 'sum' loss and weight total travel in one all-reduce of two
     elements; the mean is their quotient (the total is data-dependent:
     ignored targets and class weights)."""
 
     def local(func, coord, out_specs, args, kwargs):
-        names = [a.name for a in func._schema.arguments]
-        i = names.index("reduction")
-        if i < len(args):
-            args = (*args[:i], 2, *args[i + 1:])
-        else:
-            kwargs = {**kwargs, "reduction": 2}
+        args, kwargs = _reduction_sum(func, args, kwargs)
         buf = torch.stack(func(*args, **kwargs))
         mesh = out_specs[0].mesh
         for axis in axes:
@@ -185,12 +259,7 @@ def elementwise_loss_rule(call):
 
 def _loss_mean_as_sum(count: int):
     def local(func, coord, out_specs, args, kwargs):
-        names = [a.name for a in func._schema.arguments]
-        i = names.index("reduction")
-        if i < len(args):
-            args = (*args[:i], 2, *args[i + 1:])
-        else:
-            kwargs = {**kwargs, "reduction": 2}
+        args, kwargs = _reduction_sum(func, args, kwargs)
         s = func(*args, **kwargs)  # 'sum' of the local piece (0 when empty)
         # NOTE: 0/0 must stay NaN like the single-device mean of an empty loss.
         return s / count if count else s / 0.0
