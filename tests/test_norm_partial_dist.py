@@ -146,3 +146,29 @@ def test_norm_pieces_need_a_floating_dtype(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     with pytest.raises(PlacementError, match="needs a floating dtype"):
         DTensor.from_local(torch.tensor([3, 4]), mesh, [norm_partial(2.0)], run_check=False)
+
+
+@W4
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, 0.0, math.inf, -math.inf], ids=str)
+@pytest.mark.parametrize("rows", [8, 5, 2], ids=["even", "uneven", "empty-shards"])
+def test_dist_of_alike_sharded_operands_is_norm_pieces(world, p, rows) -> None:
+    """``torch.dist`` of two tensors sharded alike sends nothing; reading it
+    reduces one scalar; orders without pieces (-inf) and a different cut
+    still give the single-device value."""
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    g = torch.Generator().manual_seed(rows)
+    x, y = torch.randn(rows, 3, generator=g), torch.randn(rows, 3, generator=g)
+    want = torch.dist(x, y, p)
+    dx, dy = (distribute_tensor(t, mesh, [Shard(0)]) for t in (x, y))
+    with CommCounter() as c:
+        got = torch.dist(dx, dy, p)
+    if p >= 0:
+        assert c.counts == {} and got.placements == (norm_partial(p),), (c.counts, got.placements)
+        with CommCounter() as c:
+            full = got.full_tensor()
+        assert c.counts == {"all_reduce": 1} and c.bytes == {"all_reduce": 4}, (c.counts, c.bytes)
+    else:
+        full = got.full_tensor()
+    torch.testing.assert_close(full, want, **TOL)
+    other = distribute_tensor(y, mesh, [Shard(1)])  # cut another way: lined up first
+    torch.testing.assert_close(torch.dist(dx, other, p).full_tensor(), want, **TOL)

@@ -239,8 +239,9 @@ class _Record(TorchDispatchMode):
 def _optimizer_clip_and_norm_calls() -> None:
     """What tests/test_optim_dist.py (SGD/Adam/AdamW steps, foreach and fused;
     clip_grad_norm_ with norm types 2, 1, inf; clip_grad_value_;
-    get_total_norm) and tests/test_norms_dist.py (vector norms, Tensor.norm,
-    torch.norm with dim) run on DTensors, here on plain tensors."""
+    get_total_norm), tests/test_norms_dist.py (vector norms, Tensor.norm,
+    torch.norm with dim) and tests/test_norm_partial_dist.py (torch.dist) run
+    on DTensors, here on plain tensors."""
     import math
 
     from torch import nn
@@ -271,6 +272,7 @@ def _optimizer_clip_and_norm_calls() -> None:
     torch.linalg.vector_norm(x, 2, (0,), False)
     x.norm(1)
     torch.norm(x, dim=1)
+    torch.dist(x, torch.randn(6, 4), 3.0)
 
 
 def _ops_run_by_the_distributed_tests() -> set:

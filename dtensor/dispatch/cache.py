@@ -44,7 +44,7 @@ TABLE: dict = {}
 # Ops whose placements depend on a float argument's value: a norm of a
 # sharded tensor is Partial("norm<p>") with p its order (dtensor/rules/norms.py).
 VALUE_KEYED = frozenset(op._op for op in (
-    _aten._foreach_norm.Scalar, _aten.linalg_vector_norm.default,
+    _aten._foreach_norm.Scalar, _aten.linalg_vector_norm.default, _aten.dist.default,
 ))
 
 

@@ -261,7 +261,39 @@ def foreach_norm_rule(call):
     return Sharding(tuple(want), (rep,) * len(specs), local=local, shapes=((),) * len(specs))
 
 
+def dist_rule(call):
+    """``dist(a, b, p)``: the p-norm of ``a - b``. Same shapes and the same
+    Shard placements: each rank's ``dist`` of its pieces is a piece of the
+    result (``Partial("norm<p>")`` on the sharded axes), nothing sent; the
+    first use reduces one scalar. Broadcasting operands, mixed layouts and
+    orders without pieces (negative, -inf) keep the fallback."""
+    if len(call.specs) != 2:
+        return None
+    a, b = call.specs
+    piece = _partial_of(bind(call).get("p"))
+    if piece is None or a.shape != b.shape or a.mesh != b.mesh:
+        return None
+    want, out = [], []
+    for pa, pb in zip(a.placements, b.placements, strict=True):
+        if isinstance(pa, Shard) and pa == pb:
+            want.append(pa), out.append(piece)
+        elif isinstance(pa, Shard) or isinstance(pb, Shard):
+            return None  # different cuts: the fallback lines them up
+        else:  # partial pieces are reduced first (a norm is not linear)
+            want.append(Replicate()), out.append(Replicate())
+    want = tuple(want)
+    return Sharding((want, want), (tuple(out),), local=_dist_pieces, shapes=((),))
+
+
+def _dist_pieces(func, coord, out_specs, args, kwargs):
+    x, y = args[0], args[1]
+    if x.numel() == 0:  # an empty piece: 0, the identity of pieces (norms >= 0)
+        return x.new_zeros(())
+    return func(x, y, *args[2:], **kwargs)
+
+
 RULES: dict = {
+    aten.dist.default: dist_rule,
     **dict.fromkeys(_NAMES, vector_norm_rule),
     aten._foreach_norm.Scalar: foreach_norm_rule,
 }
