@@ -273,6 +273,14 @@ def _optimizer_clip_and_norm_calls() -> None:
     x.norm(1)
     torch.norm(x, dim=1)
     torch.dist(x, torch.randn(6, 4), 3.0)
+    # tests/test_loss_rules_nd_dist.py: N-d cross entropy (nll_loss2d) and the
+    # element-wise losses, forward and backward
+    logits = torch.randn(3, 4, 5, 2, requires_grad=True)
+    nn.functional.cross_entropy(logits, torch.randint(0, 4, (3, 5, 2))).backward()
+    a, b = torch.randn(5, 3, requires_grad=True), torch.randn(5, 3)
+    for loss in (nn.functional.mse_loss, nn.functional.smooth_l1_loss,
+                 nn.functional.huber_loss, nn.functional.soft_margin_loss):
+        loss(a, b).backward()
 
 
 def _ops_run_by_the_distributed_tests() -> set:

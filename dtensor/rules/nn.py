@@ -10,17 +10,22 @@ The embedding gradient comes out replicated from replicated indices and
 output gradient: its rule cannot see the table's layout, and a row-sharded
 gradient for a replicated table would be gathered again at the optimizer
 step, while a replicated one reaches a row-sharded table by a local slice. The
-negative log-likelihood keeps a sharded batch for ``reduction='none'`` and
-``'sum'`` (a partial sum); ``'mean'`` divides by a global weight total, so
-its forward all-reduces the local sum and weight total together (two
-elements, never the batch); its backward receives that global total and
-keeps the batch sharded.
+negative log-likelihood (``nll_loss`` on (N, C) and ``nll_loss2d`` on
+(N, C, H, W), where N-d cross entropy lands) keeps a sharded batch (N, H, W,
+never C) for ``reduction='none'`` and ``'sum'`` (a partial sum); ``'mean'``
+divides by a global weight total, so its forward all-reduces the local sum
+and weight total together (two elements, never the batch); its backward
+receives that global total and keeps the batch sharded.
 
-Element-wise losses of two same-shaped operands (``mse_loss``) keep any
-shard: ``'none'`` is point-wise, ``'sum'`` a partial sum of local sums, and
+Element-wise losses of two same-shaped operands (``mse_loss``,
+``smooth_l1_loss``, ``huber_loss``, ``soft_margin_loss``) keep any shard:
+``'none'`` is point-wise, ``'sum'`` a partial sum of local sums, and
 ``'mean'`` a partial sum of local sums divided by the global element count
 (a mean of uneven local means would be wrong), so one all-reduce of one
-element makes the loss full instead of gathering both operands.
+element makes the loss full instead of gathering both operands. Their
+backward ops are element-wise given a replicated scalar gradient ('sum',
+'mean': the local 'sum' gradient over the global count) or one sharded like
+the operands ('none').
 """
 
 from __future__ import annotations
@@ -170,27 +175,47 @@ def embedding_backward_rule(call):
     return Sharding((tuple(wg), tuple(wi)), (tuple(out),))
 
 
-def _nll_batch(x, target):
-    """Per axis: Shard(0) where the batch may stay sharded, else Replicate."""
-    if x.ndim != 2 or target.ndim != 1:
-        return replicated(x.mesh)
-    return tuple(
-        Shard(0) if p == Shard(0) or q == Shard(0) else Replicate()
-        for p, q in zip(x.placements, target.placements, strict=True)
-    )
+def _nll_layout(x, target, grad=None):
+    """Per mesh axis, the placements ``(self, target)`` of a negative
+    log-likelihood take: a shard of a batch dim (``N`` and, for
+    ``nll_loss2d``, ``H`` and ``W``) stays, self's first, else target's
+    (else that of ``grad``, a per-sample gradient shaped like target); the
+    class dim ``C`` (self's dim 1) is never split, since each sample's loss
+    reads its whole row of classes. Self's dim ``d`` is target's ``d - 1``
+    past the class dim."""
+    rep = replicated(x.mesh)
+    if x.ndim < 2 or target.ndim != x.ndim - 1:
+        return rep, rep
+    xw, tw = [], []
+    others = grad.placements if grad is not None else rep
+    for p, q, r in zip(x.placements, target.placements, others, strict=True):
+        q = q if isinstance(q, Shard) else r
+        if isinstance(p, Shard) and p.dim != 1:
+            d = p.dim
+        elif isinstance(q, Shard):
+            d = q.dim + 1 if q.dim else 0
+        else:
+            xw.append(Replicate()), tw.append(Replicate())
+            continue
+        xw.append(Shard(d)), tw.append(Shard(d - 1 if d else 0))
+    return tuple(xw), tuple(tw)
 
 
 def nll_loss_rule(call):
+    """``nll_loss_forward`` / ``nll_loss2d_forward(self, target, weight,
+    reduction, ignore_index)`` on a sharded batch: 'none' keeps target's
+    shard, 'sum' is a partial sum (loss and weight total), 'mean' divides
+    the global sum by the global weight total (one all-reduce of both)."""
     a = bind(call)
     x, target = call.specs[0], call.specs[1]
     rep = replicated(x.mesh)
-    want = _nll_batch(x, target)
-    inputs = (want, want) + (rep,) * (len(call.specs) - 2)
-    partial = _sum_over_batch(want)
-    if a["reduction"] == 1 and want != rep:  # mean: over the global weight total
-        axes = tuple(i for i, p in enumerate(want) if isinstance(p, Shard))
+    xw, tw = _nll_layout(x, target)
+    inputs = (xw, tw) + (rep,) * (len(call.specs) - 2)
+    partial = _sum_over_batch(xw)
+    if a["reduction"] == 1 and xw != rep:  # mean: over the global weight total
+        axes = tuple(i for i, p in enumerate(xw) if isinstance(p, Shard))
         return Sharding(inputs, (rep, rep), local=_nll_mean_local(axes), shapes=((), ()))
-    out = want if a["reduction"] == 0 else partial
+    out = tw if a["reduction"] == 0 else partial
     return Sharding(inputs, (out, partial))
 
 
@@ -223,15 +248,24 @@ def _nll_mean_local(axes: tuple[int, ...]):
 
 
 def nll_loss_backward_rule(call):
+    """``nll_loss_backward`` / ``nll_loss2d_backward(grad_output, self,
+    target, weight, reduction, ignore_index, total_weight)``: the gradient
+    keeps the batch shard. 'mean' divides by ``total_weight``, which its
+    forward made global (replicated); 'sum' and 'none' never read it, so it
+    stays as it came (a partial total is not reduced for nothing)."""
     a = bind(call)
     grad, x, target = call.specs[0], call.specs[1], call.specs[2]
     rep = replicated(x.mesh)
-    want = _nll_batch(x, target)
-    if a["reduction"] == 0 and grad.ndim != 1:
-        want = rep
-    gwant = want if a["reduction"] == 0 else rep
-    inputs = (gwant, want, want) + (rep,) * (len(call.specs) - 3)
-    return Sharding(inputs, (want,))
+    mean = a["reduction"] == 1
+    if a["reduction"] != 0:
+        xw, tw = _nll_layout(x, target)
+    elif grad.shape == target.shape:
+        xw, tw = _nll_layout(x, target, grad)
+    else:
+        xw, tw = rep, rep
+    gwant = tw if a["reduction"] == 0 else rep
+    inputs = (gwant, xw, tw) + (rep,) * (len(call.specs) - 4) + (rep if mean else None,)
+    return Sharding(inputs, (xw,))
 
 
 def elementwise_loss_rule(call):
@@ -258,6 +292,10 @@ def elementwise_loss_rule(call):
 
 
 def _loss_mean_as_sum(count: int):
+    """A piece's 'sum' (loss, or gradient of the loss) over the global
+    element count: forward pieces add up to the global mean, and a gradient
+    piece is its elements' share of it."""
+
     def local(func, coord, out_specs, args, kwargs):
         args, kwargs = _reduction_sum(func, args, kwargs)
         s = func(*args, **kwargs)  # 'sum' of the local piece (0 when empty)
@@ -267,14 +305,54 @@ def _loss_mean_as_sum(count: int):
     return local
 
 
+def elementwise_loss_backward_rule(call):
+    """``loss_backward(grad_output, input, target, reduction, ...)`` of
+    same-shaped operands: the gradient takes the operands' shard (input's,
+    else target's, else, for 'none', grad_output's). Each element's gradient
+    is local; 'none' needs grad_output sharded alike, 'sum' and 'mean' a
+    replicated scalar, and 'mean' divides by the global element count (the op
+    on a piece would divide by the piece's)."""
+    if len(call.specs) != 3:
+        return None
+    g, x, t = call.specs
+    if x.shape != t.shape:
+        return None
+    reduction = bind(call)["reduction"]
+    if reduction == 0 and g.shape != x.shape:
+        return None
+    shards = zip(x.placements, t.placements, g.placements, strict=True)
+    want = tuple(
+        p if isinstance(p, Shard) else q if isinstance(q, Shard)
+        else r if reduction == 0 and isinstance(r, Shard) else Replicate()
+        for p, q, r in shards
+    )
+    shape = (tuple(x.shape),)
+    if reduction == 0:  # 'none'
+        return Sharding((want, want, want), (want,), shapes=shape)
+    rep = replicated(x.mesh)
+    local = None
+    if reduction == 1 and want != rep:
+        local = _loss_mean_as_sum(math.prod(x.shape))
+    return Sharding((rep, want, want), (want,), local=local, shapes=shape)
+
+
 RULES: dict = {
     aten.mse_loss.default: elementwise_loss_rule,
+    aten.smooth_l1_loss.default: elementwise_loss_rule,
+    aten.huber_loss.default: elementwise_loss_rule,
+    aten.soft_margin_loss.default: elementwise_loss_rule,
+    aten.mse_loss_backward.default: elementwise_loss_backward_rule,
+    aten.smooth_l1_loss_backward.default: elementwise_loss_backward_rule,
+    aten.huber_loss_backward.default: elementwise_loss_backward_rule,
+    aten.soft_margin_loss_backward.default: elementwise_loss_backward_rule,
     aten.native_layer_norm.default: layer_norm_rule,
     aten.native_layer_norm_backward.default: layer_norm_backward_rule,
     aten.embedding.default: embedding_rule,
     aten.embedding_dense_backward.default: embedding_backward_rule,
     aten.nll_loss_forward.default: nll_loss_rule,
     aten.nll_loss_backward.default: nll_loss_backward_rule,
+    aten.nll_loss2d_forward.default: nll_loss_rule,
+    aten.nll_loss2d_backward.default: nll_loss_backward_rule,
     aten.masked_fill.Tensor: pointwise_rule,
     aten.masked_fill_.Tensor: pointwise_rule,
 }
