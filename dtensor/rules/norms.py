@@ -171,10 +171,7 @@ def _foreach_combined(groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...
     sharded = frozenset(i for _, idx in groups for i in idx)
 
     def local(func, coord, out_specs, args, kwargs):
-        a = dict(zip(("self", "ord", "dtype"), args, strict=False)) | kwargs
-        xs = a["self"]
-        p = _ord(a.get("ord", 2))
-        dtype = a.get("dtype")
+        xs, p, dtype = _foreach_args(args, kwargs)
         # One C call for all local pieces, unless an empty piece would make
         # it refuse (inf and negative norms have no identity in torch).
         if _all_ok(xs, p):
@@ -209,12 +206,15 @@ def _partial_of(order) -> Partial | None:
     return norm_partial(p) if p >= 0 else None  # NaN and negative orders: none
 
 
+def _foreach_args(args, kwargs):
+    """(tensors, ord, dtype) of a ``_foreach_norm`` call."""
+    a = dict(zip(("self", "ord", "dtype"), args, strict=False)) | kwargs
+    return a["self"], _ord(a.get("ord", 2)), a.get("dtype")
+
+
 def _foreach_pieces(func, coord, out_specs, args, kwargs):
     """Each rank's norms of its pieces, the results' pieces (no communication)."""
-    a = dict(zip(("self", "ord", "dtype"), args, strict=False)) | kwargs
-    xs = a["self"]
-    p = _ord(a.get("ord", 2))
-    dtype = a.get("dtype")
+    xs, p, dtype = _foreach_args(args, kwargs)
     if _all_ok(xs, p):
         return list(torch._foreach_norm(xs, p, dtype=dtype))
     # inf-norm of an empty piece: torch refuses; 0 is the max's identity here
