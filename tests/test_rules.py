@@ -112,7 +112,7 @@ def test_copy_into_partial_makes_the_source_partial() -> None:
         (aten.sum.dim_IntList, ([0],), Shard(0), Shard(0), P),
         (aten.sum.default, (), Shard(1), Shard(1), P),
         (aten.mean.dim, ([0],), Shard(0), Shard(0), P),
-        (aten.amax.default, ([0],), Shard(0), R, R),
+        (aten.amax.default, ([0],), Shard(0), Shard(0), R),
         (aten.amax.default, ([1],), Shard(0), Shard(0), Shard(0)),
         (aten.argmax.default, (None,), Shard(1), R, R),
         (aten.prod.dim_int, (0,), P, R, R),
