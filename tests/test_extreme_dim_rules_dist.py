@@ -267,3 +267,30 @@ def test_on_a_2d_mesh(world) -> None:
             got = fn(d)
             assert got.placements == (Replicate(), Replicate())
             _same(got.full_tensor(), fn(x), "(S1, S1)")
+
+
+@WORLDS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+@SHAPES
+def test_aminmax_along_a_sharded_dim_sends_two_outputs(world, n, dtype, kind, shape) -> None:
+    """``aminmax(dim=d)``: amin and amax over the sharded dim, one all-reduce
+    of the output's keys each (was a gather of the dim); an unsharded dim
+    sends nothing."""
+    x = _data(shape, dtype, kind)
+    mesh = _mesh(n)
+    for placement in (Shard(0), Shard(1)):
+        d = distribute_tensor(x, mesh, [placement])
+        for dim, keepdim in ((0, False), (1, True), (-1, False)):
+            where = f"aminmax(dim={dim}, keepdim={keepdim}) of {dtype} {kind} {shape} on {placement}"
+            want = torch.aminmax(x, dim=dim, keepdim=keepdim)
+            with CommCounter() as c:
+                got = torch.aminmax(d, dim=dim, keepdim=keepdim)
+            if placement.dim == dim % x.ndim:
+                assert c.counts == {"all_reduce": 2}, (where, c.counts)
+                assert c.bytes == {"all_reduce": 2 * want.min.numel() * KEY_BYTES[dtype]}, (where, c.bytes)
+                assert got.min.placements == got.max.placements == (Replicate(),), where
+            else:
+                assert c.counts == {}, (where, c.counts)
+            _same(got.min.full_tensor(), want.min, where + " min")
+            _same(got.max.full_tensor(), want.max, where + " max")

@@ -14,6 +14,7 @@ __all__ = [
     "is_float",
     "norm_dim",
     "num_shards",
+    "reduced_shard",
     "returns",
     "shard_through_broadcast",
 ]
@@ -52,6 +53,15 @@ def broadcast_shape(*shapes) -> tuple[int, ...]:
                     )
                 out[off + i] = n
     return tuple(out)
+
+
+def reduced_shard(p: Shard, dims, keepdim: bool) -> Placement:
+    """Where a ``Shard(d)`` lands after reducing ``dims``: ``Replicate()`` if
+    ``d`` is reduced (its pieces were combined), else ``d`` renumbered for
+    the dims that ``keepdim=False`` drops."""
+    if p.dim in dims:
+        return Replicate()
+    return Shard(p.dim if keepdim else p.dim - sum(1 for r in dims if r < p.dim))
 
 
 def returns(func) -> int:

@@ -32,7 +32,7 @@ import torch
 from dtensor import _comm
 from dtensor._norm_wire import combining_op, from_bits, nan_first_bits
 from dtensor.placement import Partial, Replicate, Shard, norm_partial
-from dtensor.rules._util import bind, norm_dim
+from dtensor.rules._util import bind, norm_dim, reduced_shard
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "combine_shares", "local_share"]
@@ -144,13 +144,11 @@ def vector_norm_rule(call):
         keep = None
     want, out, axes = [], [], []
     for axis, p in enumerate(spec.placements):
-        if isinstance(p, Shard) and p.dim not in dims:
+        if isinstance(p, Shard):
             want.append(p)
-            out.append(Shard(p.dim if keepdim else p.dim - sum(1 for r in dims if r < p.dim)))
-        elif isinstance(p, Shard):
-            want.append(p)
-            out.append(Replicate())
-            axes.append(axis)
+            out.append(reduced_shard(p, dims, keepdim))
+            if p.dim in dims:
+                axes.append(axis)
         elif keep is not None and p == keep:  # a norm of norm pieces: a piece
             want.append(p)
             out.append(p)

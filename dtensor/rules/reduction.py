@@ -31,7 +31,7 @@ from dtensor.placement import (
     is_linear_partial,
     partial_to_replicate,
 )
-from dtensor.rules._util import bind, norm_dim, returns
+from dtensor.rules._util import bind, norm_dim, reduced_shard, returns
 from dtensor.sharding import Sharding
 from dtensor.spec import local_block
 
@@ -182,7 +182,9 @@ def aminmax_rule(call):
     """``aminmax()`` over every dim: ``extreme_rule``'s min and max, one
     one-element all-reduce each per sharded mesh axis."""
     a = bind(call)
-    if a.get("dim") is not None or a.get("keepdim"):
+    if a.get("dim") is not None:
+        return _aminmax_dim(call, a)
+    if a.get("keepdim"):
         return _OTHER(call)
     layout = _extreme_layout(call.specs[0])
     if layout is None:
@@ -194,6 +196,27 @@ def aminmax_rule(call):
         return lo(func, coord, out_specs, args, kwargs), hi(func, coord, out_specs, args, kwargs)
 
     return Sharding((want,), (rep, rep), local=local, shapes=((), ()))
+
+
+def _aminmax_dim(call, a):
+    """``aminmax(dim=d)`` along a sharded dim: ``amin`` and ``amax`` over it
+    as ``extreme_dims_rule`` does them, two all-reduces of the output per mesh
+    axis sharding ``d`` (was a gather of the dim)."""
+    spec = call.specs[0]
+    dims = (norm_dim(a["dim"], spec.ndim),) if spec.ndim else ()
+    keepdim = bool(a.get("keepdim") or False)
+    layout = _extreme_dims_layout(spec, dims, keepdim) if dims else None
+    if layout is None:
+        return _OTHER(call)
+    axes, want, out = layout
+    lo = _dims_extreme_local("min", dims, keepdim, axes)
+    hi = _dims_extreme_local("max", dims, keepdim, axes)
+
+    def local(func, coord, out_specs, args, kwargs):
+        return lo(func, coord, out_specs, args, kwargs), hi(func, coord, out_specs, args, kwargs)
+
+    shape = _out_shape(spec.shape, dims, keepdim)
+    return Sharding((want,), (out, out), local=local, shapes=(shape, shape))
 
 
 def extreme_rule(call):
@@ -279,16 +302,19 @@ def _from_key(key: torch.Tensor, how: str, dtype) -> torch.Tensor:
     return torch.where(nan, torch.full_like(value, math.nan), value).to(dtype)
 
 
+def _combined_keys(key: torch.Tensor, how: str, mesh, axes, dtype) -> torch.Tensor:
+    """The extreme over the mesh ``axes`` of each rank's ``key``s, as ``dtype``."""
+    for axis in axes:
+        group = mesh.axis_group(axis)
+        if group is not None:
+            key = _comm.all_reduce(key, how, group)
+    return _from_key(key, how, dtype)
+
+
 def _extreme_local(how: str, axes: tuple[int, ...]):
     def local(func, coord, out_specs, args, kwargs):
         x = args[0]
-        key = _to_key(x, how)
-        mesh = out_specs[0].mesh
-        for axis in axes:
-            group = mesh.axis_group(axis)
-            if group is not None:
-                key = _comm.all_reduce(key, how, group)
-        return _from_key(key, how, x.dtype)
+        return _combined_keys(_to_key(x, how), how, out_specs[0].mesh, axes, x.dtype)
 
     return local
 
@@ -307,12 +333,9 @@ def _extreme_dims_layout(spec, dims: tuple[int, ...], keepdim: bool):
         return None
     want, out = [], []
     for p in spec.placements:
-        if isinstance(p, Shard) and p.dim not in dims:
+        if isinstance(p, Shard):
             want.append(p)
-            out.append(Shard(p.dim if keepdim else p.dim - sum(1 for r in dims if r < p.dim)))
-        elif isinstance(p, Shard):
-            want.append(p)
-            out.append(Replicate())
+            out.append(reduced_shard(p, dims, keepdim))
         else:
             want.append(Replicate())
             out.append(Replicate())
@@ -341,23 +364,25 @@ def extreme_dims_rule(call):
         return _OTHER(call)
     axes, want, out = layout
     how = "max" if call.func is aten.amax.default else "min"
+    return Sharding((want,), (out,), local=_dims_extreme_local(how, dims, keepdim, axes),
+                    shapes=(_out_shape(spec.shape, dims, keepdim),))
 
+
+def _dims_extreme_local(how: str, dims: tuple[int, ...], keepdim: bool, axes):
+    """A rule's ``local``: this rank's amax/amin over ``dims`` (the identity
+    key for an empty piece), one all-reduce of its keys per mesh axis in
+    ``axes``."""
     def local(func, coord, out_specs, args, kwargs):
-        x = args[0]
+        x, mesh = args[0], out_specs[0].mesh
         if any(x.shape[d] == 0 for d in dims):
             key = torch.full(_out_shape(x.shape, dims, keepdim), _identity(how, x.dtype),
                              dtype=_KEY_DTYPE[x.dtype])
         else:
             v = torch.amax(x, dims, keepdim) if how == "max" else torch.amin(x, dims, keepdim)
             key = _keys(v, how)
-        mesh = out_specs[0].mesh
-        for axis in axes:
-            group = mesh.axis_group(axis)
-            if group is not None:
-                key = _comm.all_reduce(key, how, group)
-        return _from_key(key, how, x.dtype)
+        return _combined_keys(key, how, mesh, axes, x.dtype)
 
-    return Sharding((want,), (out,), local=local, shapes=(_out_shape(spec.shape, dims, keepdim),))
+    return local
 
 
 def extreme_along_dim_rule(call):
