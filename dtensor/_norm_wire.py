@@ -14,7 +14,10 @@ import math
 
 import torch
 
-__all__ = ["combining_op", "from_bits", "from_wire", "nan_first_bits", "to_wire"]
+from dtensor.errors import PlacementError
+
+__all__ = ["combining_op", "from_bits", "from_wire", "nan_first_bits", "refuse_negative",
+           "to_wire"]
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -71,3 +74,19 @@ def from_wire(reduced: torch.Tensor, p: float, dtype) -> torch.Tensor:
     if p in (0.0, 1.0):
         return reduced
     return reduced.pow(1.0 / p)
+
+
+def refuse_negative(t: torch.Tensor, what: str, pieces) -> None:
+    """Raise unless ``t`` (a replicated value about to become ``pieces``,
+    a ``Partial("norm<p>")``) is >= 0 (or NaN) everywhere.
+
+    Coordinate 0 keeping v and the others 0 combine to |v|: a negative value
+    would come back positive. Every coordinate holds the same replicated
+    values, so all raise together (nobody is left waiting in a collective).
+    """
+    if t.numel() and bool((t < 0).any()):
+        raise PlacementError(
+            f"{what} has negative entries (min {t.min().item()}), but the pieces of "
+            f"a p-norm ({pieces}) are norms (>= 0); redistribute the {pieces} "
+            f"operands to Replicate() first"
+        )

@@ -48,7 +48,7 @@ import torch
 
 from dtensor import _comm
 from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost
-from dtensor.errors import PlacementError
+from dtensor._norm_wire import refuse_negative
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
 
@@ -289,16 +289,9 @@ def _to_partial(local: torch.Tensor, step: Step, coord) -> torch.Tensor:
     to the identity this axis needs.
     """
     p = step.dst
-    if p.norm_order is not None and local.numel() and bool((local < 0).any()):
-        # Pieces of a p-norm are norms: coordinate 0 keeping v and the others
-        # 0 combine to |v|. Every coordinate holds the same values, so all
-        # raise together (nobody is left waiting in a collective).
-        raise PlacementError(
-            f"redistribute {step.src} -> {p} on mesh axis {step.axis}: the value has "
-            f"negative entries (min {local.min().item()}), but the pieces of a "
-            f"p-norm are norms (>= 0); redistribute the {p} operands to "
-            f"Replicate() first"
-        )
+    if p.norm_order is not None:
+        refuse_negative(local, f"redistribute {step.src} -> {p} on mesh axis {step.axis}: "
+                        "the value", p)
     if p.is_idempotent or coord[step.axis] == 0:
         return local
     fill = p.identity()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.errors import PlacementError
+from dtensor._norm_wire import refuse_negative
 from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
 from dtensor.rules._util import bind, norm_dim, num_shards
 from dtensor.sharding import Sharding
@@ -329,18 +329,10 @@ def _joined(specs, want, out) -> Sharding:
 def _norm_join_local(zero, want):
     def local(func, coord, out_specs, args, kwargs):
         tensors = list(args[0])
+        pieces = next(p for p in want if isinstance(p, Partial) and p.norm_order is not None)
         for i, axes in zero:
             t = tensors[i]
-            if t.numel() and bool((t < 0).any()):
-                # Every coordinate holds the same replicated values: all raise.
-                a = next(a for a, p in enumerate(want) if isinstance(p, Partial)
-                         and p.norm_order is not None)
-                raise PlacementError(
-                    f"{func}: operand {i} is Replicate() with negative entries "
-                    f"(min {t.min().item()}) joining {want[a]} norm pieces, which "
-                    f"are norms (>= 0): redistribute the {want[a]} operands to "
-                    f"Replicate() first"
-                )
+            refuse_negative(t, f"{func}: operand {i} (Replicate()) joining norm pieces", pieces)
             if any(coord[a] != 0 for a in axes):
                 tensors[i] = torch.zeros_like(t)
         return func(tensors, *args[1:], **kwargs)
