@@ -22,7 +22,7 @@ from dtensor import random as rng
 from dtensor.dispatch.random_ops import no_generator
 from dtensor.errors import ShardingError
 from dtensor.mesh import DeviceMesh, device_of
-from dtensor.placement import Placement, partial_fill, replicated
+from dtensor.placement import Placement, norm_pieces_from, partial_fill, replicated
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 from dtensor.tensor import DTensor, _resolve_mesh
 
@@ -102,6 +102,7 @@ def _constant(value_of: Callable[[torch.dtype], object], what: str):
 def _fix_partial(out: DTensor, fill) -> DTensor:
     """A Partial(sum/product/bxor) constant keeps the value on one coordinate,
     the op's identity elsewhere (``dtensor.placement.partial_fill``)."""
+    norm_pieces_from(out._spec.placements, "a constant factory", fill)
     coord = out._spec.mesh.get_coordinate()
     new = None if coord is None else partial_fill(out._spec.placements, coord)
     if new is not None and new != fill:
@@ -156,6 +157,7 @@ def _random_factory(block_fn, name: str, **fixed):
 
         out = build(tuple(int(s) for s in size), block, dtype=dt, device_mesh=device_mesh,
                     placements=placements, requires_grad=requires_grad, what=name)
+        norm_pieces_from(out._spec.placements, name)
         coord = out._spec.mesh.get_coordinate()
         fill = None if coord is None else partial_fill(out._spec.placements, coord)
         if fill is not None:

@@ -28,6 +28,7 @@ __all__ = [
     "format_placements",
     "is_linear_partial",
     "norm_partial",
+    "norm_pieces_from",
     "partial_fill",
     "partial_to_replicate",
     "replicated",
@@ -213,6 +214,27 @@ def norm_partial(p: float) -> Partial:
     if op is None:
         raise PlacementError(f"norm_partial(p): expected p >= 0 or inf, got {p!r}")
     return Partial(op)
+
+
+def norm_pieces_from(placements, what: str, value=None) -> None:
+    """Refuse to write a value straight into ``Partial("norm<p>")`` pieces
+    when it may be negative: coordinate 0 keeping v and the others 0 combine
+    to |v|. ``value``: a constant being written (None: values not known here,
+    e.g. a random draw). A pure check of the placements and the constant, so
+    every rank raises alike.
+
+    Example:
+        >>> norm_pieces_from((Replicate(),), "randn")   # no norm pieces: fine
+    """
+    pieces = [p for p in placements if isinstance(p, Partial) and p.norm_order is not None]
+    if pieces and (value is None or value < 0):
+        raise PlacementError(
+            f"{what} with placements {format_placements(tuple(placements))}: the pieces of "
+            f"{pieces[0]} are norms (>= 0), so "
+            f"{'a negative value' if value is not None else 'values that may be negative'} "
+            f"cannot be written into them; create the tensor with Replicate() on that "
+            f"axis and redistribute it (the value's norms are then checked)"
+        )
 
 
 def is_linear_partial(p: Placement) -> bool:

@@ -172,3 +172,28 @@ def test_dist_of_alike_sharded_operands_is_norm_pieces(world, p, rows) -> None:
     torch.testing.assert_close(full, want, **TOL)
     other = distribute_tensor(y, mesh, [Shard(1)])  # cut another way: lined up first
     torch.testing.assert_close(torch.dist(dx, other, p).full_tensor(), want, **TOL)
+
+
+@W4
+def test_factories_and_random_ops_refuse_to_write_possibly_negative_norm_pieces(world) -> None:
+    """A constant or a draw written straight into norm pieces would come back
+    as its absolute value (coordinate 0 keeps v, the others 0): refused on
+    every rank, outsiders of a sub-mesh included; non-negative constants are
+    fine."""
+    import dtensor
+
+    mesh = DeviceMesh("cpu", [0, 1])  # ranks 2 and 3 are outsiders
+    pieces = [norm_partial(2.0)]
+    with pytest.raises(PlacementError, match="a negative value cannot be written"):
+        dtensor.full((3,), -1.5, device_mesh=mesh, placements=pieces)
+    with pytest.raises(PlacementError, match="values that may be negative"):
+        dtensor.randn(3, device_mesh=mesh, placements=pieces)
+    x = distribute_tensor(torch.zeros(3), mesh, [Replicate()]).redistribute(mesh, pieces)
+    with pytest.raises(PlacementError, match="values that may be negative"):
+        x.normal_()
+    ok = dtensor.full((3,), 2.0, device_mesh=mesh, placements=pieces)
+    full = ok.full_tensor()
+    if mesh.get_coordinate() is not None:
+        assert torch.equal(full, torch.full((3,), 2.0))
+    assert torch.equal(dtensor.ones(2, device_mesh=mesh, placements=pieces).full_tensor()
+                       if mesh.get_coordinate() is not None else torch.ones(2), torch.ones(2))

@@ -29,7 +29,13 @@ from dtensor import _random_blocks as blocks
 from dtensor import random as rng
 from dtensor.dispatch.wrap import wrap
 from dtensor.errors import ShardingError
-from dtensor.placement import Partial, Replicate, partial_fill, partial_to_replicate
+from dtensor.placement import (
+    Partial,
+    Replicate,
+    norm_pieces_from,
+    partial_fill,
+    partial_to_replicate,
+)
 from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
@@ -54,6 +60,7 @@ def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
 
     Advances the generator on every rank, member or not.
     """
+    norm_pieces_from(spec.placements, "a random op")  # before anyone advances
     coord = spec.mesh.get_coordinate()
     if _compile.tracing():
         # The compiled program draws, and advances the generator, when it runs.
