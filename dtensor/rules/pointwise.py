@@ -89,15 +89,20 @@ def pointwise_rule(call):
                 p = s.placements[axis]
                 if isinstance(p, Shard):
                     od = out_dim(s, p.dim)
-                    if od is not None and not any(
-                        isinstance(q, Shard) and q.dim == od for q in out
+                    # A dim already sharded on earlier axes may be sharded
+                    # again (nested) only where this operand nests it the
+                    # same way: then it moves nothing; from another operand
+                    # the nesting would reshuffle blocks.
+                    if od is not None and all(
+                        s.placements[e] == Shard(p.dim)
+                        for e, q in enumerate(out) if isinstance(q, Shard) and q.dim == od
                     ):
                         choice = Shard(od)
                         break
         out.append(choice)
 
-    # Nested shards of one dim must keep mesh-axis order; if an input shards
-    # a dim over axes in a different order, it is redistributed.
+    # Operands take the output's shards (nested ones in mesh-axis order);
+    # one that lacks them is redistributed.
     inputs = []
     for s in specs:
         want = []
