@@ -1,13 +1,13 @@
-"""Covers: the pointwise rule (dtensor/rules/pointwise.py) on nested shards,
-one tensor dim sharded over several mesh axes (``(Shard(0), Shard(0))``).
-Identically placed operands keep the nesting and send nothing (the rule used
-to demote the second Shard(0) to Replicate: every pointwise op on such a
-tensor gathered, and ``F.dropout`` sent 3 all-gathers on a 3-rank sub-mesh
-of a 3-D layout, found by tests/properties/test_random.py); operands placed
-otherwise (not nested, nested on other axes, broadcast, Partial) still give
-single-device values. Even, uneven and empty shards; 1-D placements on 4
-ranks as 2x2 and 1x1x4 / 4x1 meshes, and a sub-mesh that leaves a rank
-outside."""
+"""Covers: the pointwise rule (dtensor/rules/pointwise.py) and cat/stack
+(dtensor/rules/view.py ``_join``) on nested shards, one tensor dim sharded
+over several mesh axes (``(Shard(0), Shard(0))``). Identically placed
+operands keep the nesting and send nothing. The rules used to demote the
+second Shard(0) to Replicate (cat/stack: every shard), so each such op
+gathered, and ``F.dropout`` sent 3 all-gathers on a 3-rank sub-mesh of a 3-D
+layout (found by tests/properties/test_random.py). Operands placed otherwise
+(not nested, nested on other axes, broadcast, Partial) still give
+single-device values. Even, uneven and empty shards; 2x2, 4x1 and 1x4
+meshes, and a sub-mesh that leaves a rank outside."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def test_identically_nested_operands_send_nothing(mesh_shape, rows):
         ("x * y", torch.mul, (da, db), (a, b)),
         ("where", lambda x, y: torch.where(x > 0, x, y), (da, db), (a, b)),
         ("addcmul", lambda x, y: torch.addcmul(x, x, y, value=0.5), (da, db), (a, b)),
+        ("cat(dim=1)", lambda x, y: torch.cat([x, y], 1), (da, db), (a, b)),
+        ("stack(dim=1)", lambda x, y: torch.stack([x, y], 1), (da, db), (a, b)),
     ]
     for name, f, dargs, args in cases:
         dargs = tuple(d.clone() for d in dargs)  # add_ writes its operand
@@ -85,7 +87,9 @@ def test_nested_with_otherwise_placed_operand_equals_single_device(rows, other):
     else:
         db = distribute_tensor(b, mesh, list(other))
     for name, f in [("x + y", torch.add), ("y * x", lambda x, y: y * x),
-                    ("sub", torch.sub), ("x.mul_(y)", lambda x, y: x.clone().mul_(y))]:
+                    ("sub", torch.sub), ("x.mul_(y)", lambda x, y: x.clone().mul_(y)),
+                    ("cat(dim=1)", lambda x, y: torch.cat([x, y], 1)),
+                    ("stack(dim=0)", lambda x, y: torch.stack([y, x]))]:
         out = f(da, db)
         _same(out.full_tensor(), f(a, b), f"{name}: (S(0), S(0)) with {other}, {rows} rows")
 

@@ -283,8 +283,12 @@ def _join(specs, dim: int, shift: bool):
             # would send one all-reduce per norm.
             choice = next(iter(partials))
         else:
-            for k in kinds:
-                if isinstance(k, Shard) and (shift or k.dim != dim):
+            for s, k in zip(specs, kinds):
+                # A dim sharded on earlier axes is sharded again (nested) only
+                # from an operand that nests it so itself: it moves nothing.
+                if isinstance(k, Shard) and (shift or k.dim != dim) and all(
+                    s.placements[e] == k for e, q in enumerate(want) if q == k
+                ):
                     choice = k
                     break
         want.append(choice)
@@ -292,11 +296,6 @@ def _join(specs, dim: int, shift: bool):
             out.append(Shard(choice.dim + 1))
         else:
             out.append(choice)
-    # Two mesh axes may not pick the same dim in different nesting orders.
-    seen = [p.dim for p in want if isinstance(p, Shard)]
-    if len(seen) != len(set(seen)):
-        want = [p if not isinstance(p, Shard) else Replicate() for p in want]
-        out = [p if not isinstance(p, Shard) else Replicate() for p in out]
     return tuple(want), tuple(out)
 
 
