@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtensor.testing import assert_matches_single_device, mesh_layouts
+from dtensor.testing import assert_matches_single_device, mesh_layouts, tensors
 from dtensor.testing.impl import exact_split
 from dtensor.testing.op_table import OPS, draw_op, op_tolerances, reference
 
@@ -34,6 +34,32 @@ def test_op_matches_single_device(n_ranks, world, impl, case, data):
     assert_matches_single_device(
         out, expected, **op_tolerances(op.case, op.dtype),
         msg=f"{op.case.name} on {[str(p) for p in op.placements]}")
+
+
+_POINTWISE = [c for c in OPS if c.family == "pointwise"]
+
+
+@given(data=st.data())
+def test_pointwise_on_alike_operands_keeps_layout_and_sends_nothing(n_ranks, world, impl, data):
+    """Operands placed alike (Shard/Replicate, nested shards of one dim
+    included) give a result in that layout without any collective: a
+    pointwise op never needs another rank's elements."""
+    from dtensor.testing.strategies import placements
+
+    case = data.draw(st.sampled_from(_POINTWISE), label="op")
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    shapes = data.draw(case.shapes, label="shapes")
+    ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=len(shapes[0]),
+                              allow_partial=False), label="placements")
+    xs = [data.draw(tensors(shape=s, dtype=torch.float32)) for s in shapes]
+    mesh = impl.mesh(layout)
+    dts = [impl.from_blocks(x, mesh, ps) for x in xs]
+    with impl.comm_counter() as comm:
+        out = case.fn(*dts)
+    where = f"{case.name} on {[str(p) for p in ps]} over {layout}"
+    assert comm.total == 0, f"{where}: {getattr(comm, 'counts', comm.total)}"
+    assert tuple(out.placements) == tuple(ps), f"{where}: result {tuple(out.placements)}"
+    assert_matches_single_device(out, case.fn(*xs), msg=where)
 
 
 @pytest.mark.world_size(2)
