@@ -128,3 +128,4 @@ def test_dropout_on_nested_sub_mesh_sends_nothing():
         assert bool(((full == 0) | (full == 2)).all()), full
     else:
         assert y.to_local().numel() == 0
+

@@ -375,27 +375,29 @@ def index_select_rule(call):
 
 
 def gather_rule(call):
+    """``gather(x, dim, index)``: ``out[..i..] = x[..index[..i..]..]`` along
+    ``dim`` and at the *same* position along every other dim, so a shard of
+    another dim must cut x and the index alike (their sizes there must match);
+    the index may be sharded along ``dim`` itself against a replicated x."""
     x, index = call.specs
     if x.ndim != index.ndim or x.ndim == 0:
         return None
     dim = norm_dim(bind(call)["dim"], x.ndim)
     wx, wi, out = [], [], []
     for px, pi in zip(x.placements, index.placements, strict=True):
-        if (
-            isinstance(px, Shard)
-            and px.dim != dim
-            and index.shape[px.dim] == x.shape[px.dim]
-        ):
+        if isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]:
             wx.append(px), wi.append(px), out.append(px)
         elif is_linear_partial(px) and not isinstance(pi, Shard):
             wx.append(px), wi.append(Replicate()), out.append(px)
-        elif isinstance(pi, Shard):
+        elif isinstance(pi, Shard) and pi.dim == dim:
             wx.append(Replicate()), wi.append(pi), out.append(pi)
+        elif isinstance(pi, Shard) and index.shape[pi.dim] == x.shape[pi.dim]:
+            wx.append(pi), wi.append(pi), out.append(pi)  # x cut like the index
         else:
             wx.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
-    seen = [p.dim for p in out if isinstance(p, Shard)]
-    if len(seen) != len(set(seen)):
-        return None
+    # Every shard of a dim other than ``dim`` cuts both operands alike, and
+    # shards of ``dim`` come from the index alone: nested shards of one dim
+    # (several axes) line up in mesh-axis order.
     return Sharding((tuple(wx), tuple(wi)), (tuple(out),))
 
 
