@@ -83,6 +83,12 @@ _T = torch.tensor  # index and target tensors built inside the rows
 _TARGET = [0, 2, 1, 1, 0]
 
 
+def _index_from(values, n: int):
+    """Indices in [0, n) made from float ``values`` (any fill, NaN and inf
+    included), so an index can be drawn, and placed, like any input."""
+    return (values.nan_to_num(0.0, 0.0, 0.0).abs().clamp(max=1e6) * 7).to(torch.int64) % max(n, 1)
+
+
 def _row(name, family, fn, example, *, partial=True):
     """A row of the distributed op test only (fixed shapes, float32)."""
     return OpCase(name, family, fn, None, (torch.float32,), example, partial)
@@ -235,6 +241,13 @@ TABLE: tuple[OpCase, ...] = (
     _row("stack", "view", lambda a, b: torch.stack([a, b], 1), _AB),
     _row("index_select", "view", lambda a: a.index_select(0, _T([4, 0, 2])), _A),
     _row("gather", "view", lambda a: a.gather(1, _T([[0, 2]] * 5)), _A),
+    # the index is a second drawn input with its own placements
+    OpCase("gather_last_drawn_index", "view",
+           lambda a, b: a.gather(-1, _index_from(b, a.shape[-1])), _same_two(1),
+           (torch.float32,), _AB),
+    OpCase("gather_dim0_drawn_index", "view",
+           lambda a, b: a.gather(0, _index_from(b, a.shape[0])), _same_two(1),
+           (torch.float32,), _AB),
     _row("flip", "view", lambda a: a.flip(0), _A),
     _row("roll", "view", lambda a: a.roll(1, 0), _A),
     _row("getitem_adv", "view", lambda a: a[_T([1, 3])], _A),
