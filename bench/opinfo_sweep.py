@@ -136,6 +136,11 @@ def _worker(args) -> int:
                 want = _call(op, sample, lambda t: t.clone())
             except Exception:
                 continue
+            if args.mixed:
+                if len(leaves) < 2:
+                    continue  # one operand: the plain sweep covers its layouts
+                cases.append((sample, want, _mixed_layouts(leaves, args.max_layouts)))
+                continue
             dims = max(t.ndim for t in leaves)
             cases.append((sample, want, [None, *range(dims)]))
         if not cases:
@@ -153,7 +158,9 @@ def _worker(args) -> int:
                             continue  # the audit is about Shard inputs
                         key = f"v/{index}/{impl}/{si}/{d}"
 
-                        def dist_t(t, d=d, impl=impl, R=R, S=S):
+                        def dist_t(t, d=d, impl=impl, R=R, S=S, leaf=iter(range(1 << 30))):
+                            if isinstance(d, tuple):  # --mixed: this leaf's own dim
+                                d = d[next(leaf)]
                             p = [R()] if d is None or t.ndim <= d else [S(d)]
                             return distribute[impl](t.detach().clone(), meshes[impl], p)
 
@@ -174,7 +181,7 @@ def _worker(args) -> int:
                         v = "wrong" if "wrong" in both else "error" if "error" in both else "pass"
                         passed[(si, d, impl)] = v == "pass"
                         if v != "pass" and detail is None:
-                            detail = f"sample {si}, {'R' if d is None else f'S({d})'}: {msg or both}"
+                            detail = f"sample {si}, {_layout_name(d)}: {msg or both}"
                         verdicts.append(v)
                         if v == "error" and both[0] != both[1]:
                             # one rank failed alone: resynchronise via the store
@@ -229,6 +236,26 @@ def _samples(op, limit: int, torch):
         if len(out) >= limit:
             break
     return out
+
+
+def _layout_name(d) -> str:
+    if isinstance(d, tuple):
+        return "(" + ", ".join(_layout_name(x) for x in d) + ")"
+    return "R" if d is None else f"S({d})"
+
+
+def _mixed_layouts(leaves, limit: int) -> list[tuple]:
+    """Each tensor leaf its own placement, R or S(d) for its dims: every
+    combination, or ``limit`` of them spread evenly (the first and the last
+    included), so an index sharded apart from its source is tried."""
+    import itertools
+
+    combos = list(itertools.product(*[[None, *range(t.ndim)] for t in leaves]))
+    combos = [c for c in combos if len(set(c)) > 1]  # alike layouts: the plain sweep
+    if len(combos) > limit:
+        step = (len(combos) - 1) / (limit - 1)
+        combos = [combos[round(i * step)] for i in range(limit)]
+    return combos
 
 
 def _convert(sample, convert):
@@ -303,7 +330,8 @@ def _parent(args) -> int:
             "--master_port", str(_free_port()), __file__, "--worker",
             "--from-index", str(start), "--results", str(results),
             "--max-samples", str(args.max_samples),
-        ] + (["--ops", args.ops] if args.ops else []) + (["--bytes"] if args.bytes else [])
+        ] + (["--ops", args.ops] if args.ops else []) + (["--bytes"] if args.bytes else []) + (
+            ["--mixed", "--max-layouts", str(args.max_layouts)] if args.mixed else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         log = open(args.results + ".log", "a")
         try:
@@ -363,13 +391,19 @@ def _free_port() -> int:
 def _summarise(records, seconds: float, args) -> str:
     tested = [r for r in records if "skip" not in r]
     skipped = [r for r in records if "skip" in r]
+    layouts = (
+        f"every tensor input its own Replicate or Shard(d) (samples with two or more "
+        f"tensors; layouts differing between inputs, at most {args.max_layouts} per sample)"
+        if args.mixed else "inputs Replicate and Shard(d) for every dim")
     lines = [
-        "# OpInfo sweep: dtensor vs torch.distributed.tensor",
+        "# OpInfo sweep" + (" with mixed layouts" if args.mixed else "")
+        + ": dtensor vs torch.distributed.tensor",
         "",
-        f"`python bench/opinfo_sweep.py --max-samples {args.max_samples}`: "
+        f"`python bench/opinfo_sweep.py{' --mixed' if args.mixed else ''} "
+        f"--max-samples {args.max_samples}`: "
         f"{len(records)} OpInfo entries, float32 CPU samples (at most "
-        f"{args.max_samples} per op), 2-rank Gloo world, inputs Replicate and "
-        "Shard(d) for every dim; full results compared with the plain op "
+        f"{args.max_samples} per op), 2-rank Gloo world, {layouts}; full results "
+        "compared with the plain op "
         f"(atol=rtol=1e-4). Took {seconds / 60:.1f} min on 2 cores.",
         "",
         "| | pass | wrong | error |",
@@ -444,11 +478,24 @@ def main() -> int:
     ap.add_argument("--bytes", action="store_true",
                     help="fallback bytes audit: Shard inputs, wire bytes ours vs torch")
     ap.add_argument("--bytes-markdown", default=str(ROOT / "docs" / "fallback_bytes.md"))
+    ap.add_argument("--mixed", action="store_true",
+                    help="samples with several tensors: each its own R/S(d) placement "
+                         "(every combination up to --max-layouts) -> docs/opinfo_mixed.md")
+    ap.add_argument("--max-layouts", type=int, default=24)
     ap.add_argument("--update", action="store_true",
                     help="with --ops: re-run those ops and merge into the full results")
     ap.add_argument("--minutes", type=float, default=0.0,
                     help="with --update: the full run's duration, for the summary")
     args = ap.parse_args()
+    if args.mixed and args.bytes:
+        ap.error("--mixed and --bytes are separate sweeps; pick one")
+    if args.mixed and not args.worker:
+        if args.results == ap.get_default("results"):
+            args.results = os.path.join(tempfile.gettempdir(), "dtensor_opinfo_mixed.jsonl")
+        if args.markdown == ap.get_default("markdown"):
+            args.markdown = str(ROOT / "docs" / "opinfo_mixed.md")
+        if args.json == ap.get_default("json"):
+            args.json = str(ROOT / "docs" / "opinfo_mixed.json")
     if args.bytes and not args.worker and args.results == ap.get_default("results"):
         args.results = os.path.join(tempfile.gettempdir(), "dtensor_fallback_bytes.jsonl")
     return _worker(args) if args.worker else _parent(args)
