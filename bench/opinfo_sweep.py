@@ -149,6 +149,9 @@ def _worker(args) -> int:
             wire: dict = {}  # (sample, dim, impl) -> wire bytes of the op
             passed: dict = {}  # (sample, dim, impl) -> right on every rank
             for impl in ("ours", "torch"):
+                if rank == 0:  # a crash is then charged to this side only
+                    progress.write_text(json.dumps({"index": index, "name": _name(op),
+                                                    "impl": impl, "record": record}))
                 verdicts = []
                 detail = None
                 R, S = place[impl]
@@ -351,12 +354,17 @@ def _parent(args) -> int:
         # for whichever side had not finished, and go on after it.
         done = {json.loads(line)["index"] for line in results.read_text().splitlines()}
         if state["index"] not in done:
+            # The side that was running crashed; a side that had finished
+            # keeps its verdict, one that had not started counts as an error.
+            record = dict(state.get("record") or {"index": state["index"], "op": state["name"]})
+            for impl in ("ours", "torch"):
+                if impl not in record:
+                    record[impl] = "error"
+                    record[impl + "_detail"] = ("world crashed or hung" if state.get("impl") in (
+                        None, impl) else "not run: the world crashed in the other runtime")
+            record["crash"] = state.get("impl") or True
             with results.open("a") as f:
-                f.write(json.dumps({"index": state["index"], "op": state["name"],
-                                    "ours": "error", "torch": "error",
-                                    "ours_detail": "world crashed or hung",
-                                    "torch_detail": "world crashed or hung",
-                                    "crash": True}) + "\n")
+                f.write(json.dumps(record) + "\n")
         start = state["index"] + 1
         print(f"restarting after {state['name']} (rc={rc})", file=sys.stderr)
     records = [json.loads(line) for line in results.read_text().splitlines()]
