@@ -497,6 +497,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.mixed and args.bytes:
         ap.error("--mixed and --bytes are separate sweeps; pick one")
+    if args.max_layouts < 2:
+        ap.error(f"--max-layouts must be at least 2 (the first and last combination), "
+                 f"got {args.max_layouts}")
     if args.mixed and not args.worker:
         if args.results == ap.get_default("results"):
             args.results = os.path.join(tempfile.gettempdir(), "dtensor_opinfo_mixed.jsonl")
