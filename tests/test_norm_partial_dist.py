@@ -109,6 +109,29 @@ def test_negative_values_refuse_to_become_norm_pieces_on_every_rank(world) -> No
                                torch.tensor([2.0, -3.0]))  # reduced first: the user's way out
 
 
+@W4
+def test_replicated_norms_join_pieces_and_refuse_once_written_negative(world) -> None:
+    """``_foreach_norm``'s replicated results join norm pieces in a stack
+    (clip_grad_norm_ does this every step; a 0-dim value is checked by one
+    read, not two ops). Written negative in place afterwards (through the
+    DTensor, a view of it and a detached alias), every rank raises, in the
+    stack and in redistribute."""
+    mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+    sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+    for write in (lambda n: n.neg_(), lambda n: n.view(1).mul_(-1),
+                  lambda n: n.detach().sub_(100.0)):
+        rep = distribute_tensor(torch.tensor([3.0, 4.0]), mesh, [Replicate()])
+        piece, norm = torch._foreach_norm([sharded, rep], 2.0)
+        assert piece.placements == (norm_partial(2.0),) and norm.placements == (Replicate(),)
+        total = torch.linalg.vector_norm(torch.stack([piece, norm]), 2.0)
+        torch.testing.assert_close(total.full_tensor(), torch.tensor(140.0 + 25.0).sqrt())
+        write(norm)
+        with pytest.raises(PlacementError, match="negative entries"):
+            torch.stack([piece, norm])
+        with pytest.raises(PlacementError, match="negative entries"):
+            norm.redistribute(mesh, [norm_partial(2.0)])
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("p", [2.0, 3.0, math.inf, 0.0], ids=str)
 def test_norm_pieces_convert_to_and_from_pytorch(world, p) -> None:
