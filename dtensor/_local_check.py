@@ -25,7 +25,7 @@ import torch
 
 from dtensor import _comm
 from dtensor.errors import PlacementError
-from dtensor.mesh import DeviceMesh, device_of
+from dtensor.mesh import DeviceMesh, device_of, unravel
 from dtensor.placement import Placement, Replicate, Shard, format_placements
 from dtensor.spec import local_block
 
@@ -79,10 +79,7 @@ def _gather(row: list[int], mesh: DeviceMesh) -> list[list[int]]:
 
 
 def _coordinates(mesh: DeviceMesh) -> list[tuple[int, ...]]:
-    return [
-        tuple(int(i) for i in torch.unravel_index(torch.tensor(k), mesh.shape))
-        for k in range(mesh.size())
-    ]
+    return [unravel(k, mesh.shape) for k in range(mesh.size())]
 
 
 def _infer_shape(

@@ -45,6 +45,7 @@ import torch
 
 from dtensor import _comm
 from dtensor._module_tracker import ModuleTracker, in_backward
+from dtensor.mesh import unravel
 
 __all__ = ["CommCounter", "CommDebugMode", "sharding_table", "visualize_sharding"]
 
@@ -269,7 +270,7 @@ def sharding_table(dt) -> str:
     cells: dict[tuple[tuple[int, int], tuple[int, int]], list[int]] = {}
     empty = []
     for flat, rank in enumerate(mesh.ranks):
-        coord = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mesh.shape))
+        coord = unravel(flat, mesh.shape)
         size, offset = spec.local_block(coord)
         if spec.ndim == 1:
             size, offset = (1, *size), (0, *offset)

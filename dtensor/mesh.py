@@ -27,9 +27,27 @@ import torch
 from dtensor import _comm, _mesh_build
 from dtensor.errors import MeshAxisError, MeshError
 
-__all__ = ["DeviceMesh", "current_mesh", "device_of", "init_device_mesh", "mesh_max", "resolve_mesh"]
+__all__ = ["DeviceMesh", "current_mesh", "device_of", "init_device_mesh", "mesh_max", "resolve_mesh",
+           "unravel"]
 
 _stack = threading.local()
+
+
+def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """The coordinate of row-major index ``flat`` in a mesh of ``shape``.
+
+    NOTE: plain integer math, not ``torch.unravel_index``: that one imports
+    sympy on first use (about 0.6 s), which every first mesh paid.
+
+    Example:
+        >>> unravel(5, (2, 3))
+        (1, 2)
+    """
+    coord = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        coord.append(i)
+    return tuple(reversed(coord))
 
 
 def _mesh_stack() -> list[DeviceMesh]:
@@ -132,9 +150,7 @@ class DeviceMesh:
                            self._rank))
         if self._rank in ranks:
             flat = ranks.index(self._rank)
-            self._coordinate = tuple(
-                int(i) for i in torch.unravel_index(torch.tensor(flat), self._shape)
-            )
+            self._coordinate = unravel(flat, self._shape)
         else:
             self._coordinate = None
         self._groups: tuple | None = _groups if self._coordinate is not None else None

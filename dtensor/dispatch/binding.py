@@ -23,6 +23,14 @@ class _Record(TorchDispatchMode):
         super().__init__()
         self.calls: list = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # NOTE: True (torch's default) wraps __torch_dispatch__ in
+        # torch._dynamo.disable, whose first call imports torch._dynamo
+        # (~0.8 s): the first op of every fresh process paid it. Nothing runs
+        # compiled inside this mode.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.calls.append((func, args, kwargs or {}))
         return func(*args, **(kwargs or {}))

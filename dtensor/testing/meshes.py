@@ -78,7 +78,9 @@ class MeshLayout:
         if rank not in self.ranks:
             return None
         flat = self.ranks.index(rank)
-        return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), self.shape))
+        from dtensor.mesh import unravel
+
+        return unravel(flat, self.shape)
 
     def build(self, factory: Callable[[MeshLayout], Any] | None = None) -> Any:
         """The mesh; ``factory(layout)`` builds it (default: a dtensor CPU mesh)."""
