@@ -38,7 +38,10 @@ import importlib.machinery
 import json
 import logging
 import sys
+import threading
+import weakref
 from collections.abc import Callable, Sequence
+from types import MethodType
 
 import torch
 from torch._library.opaque_object import MemberType, register_opaque_type
@@ -46,7 +49,8 @@ from torch._library.opaque_object import MemberType, register_opaque_type
 from dtensor.mesh import DeviceMesh
 from dtensor.placement import Partial, Replicate, Shard
 
-__all__ = ["draw", "trace_as_calls", "traced_hook", "tracing"]
+__all__ = ["draw", "trace_as_calls", "trace_hook_later", "trace_method_later", "traced_hook",
+           "tracing"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,12 @@ def trace_as_calls(*fns: Callable) -> None:
     _pending.extend(fns)
     if "torch._dynamo" in sys.modules:
         _register_with_dynamo()
-    elif not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
+    else:
+        _watch_dynamo_import()
+
+
+def _watch_dynamo_import() -> None:
+    if not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
         sys.meta_path.insert(0, _DynamoImportHook())
 
 
@@ -107,6 +116,7 @@ def _register_with_dynamo() -> None:
         torch._dynamo.trace_rules.add("dtensor")
     while _pending:
         torch._dynamo.allow_in_graph(_pending.pop())
+    _trace_late_hooks()
 
 
 class _DynamoImportHook(importlib.abc.MetaPathFinder):
@@ -142,7 +152,8 @@ def traced_hook(hook: Callable) -> Callable:
     ``nn.Linear`` became a graph of its own (a transformer block of 7 linears:
     13 graphs, each paying guards and subclass wrapping per call). Eager calls
     cost one no-op ``with`` (``torch._dynamo.dont_skip_tracing`` patches the
-    Dynamo config on every eager call: ~40 us).
+    Dynamo config on every eager call: ~40 us). This imports ``torch._dynamo``;
+    ``trace_hook_later`` / ``trace_method_later`` wait for it instead.
 
     Example:
         >>> module.register_forward_pre_hook(traced_hook(lambda mod, args: args))
@@ -168,6 +179,61 @@ def traced_hook(hook: Callable) -> Callable:
 
 
 _TRACE_INTO = None
+
+# Hooks installed before torch._dynamo was imported, made traced when it is:
+# (weak ref to the holder, key) with holder[key] (a hooks dict) or
+# getattr(holder, key) (a bound method) to swap. Nothing can compile before
+# Dynamo is imported, so eager code never pays its import (~0.7 s, once per
+# process: every parallelize_module in a fresh process paid it).
+_LATE: list = []
+_LATE_LOCK = threading.Lock()
+
+
+def trace_hook_later(handle) -> None:
+    """Make the module hook behind ``handle`` (``register_forward_(pre_)hook``'s
+    return) traced by torch.compile, as ``traced_hook`` does, once
+    ``torch._dynamo`` is imported (now, if it is).
+
+    Example:
+        >>> trace_hook_later(module.register_forward_pre_hook(hook))
+    """
+    _later(handle.hooks_dict_ref, handle.id)
+
+
+def trace_method_later(obj, name: str) -> None:
+    """Make the bound method ``obj.<name>`` (a function set on ``obj``)
+    traced by torch.compile once ``torch._dynamo`` is imported (now, if it is)."""
+    _later(weakref.ref(obj), (name,))
+
+
+def _later(ref, key) -> None:
+    if "torch._dynamo" in sys.modules:
+        _swap(ref, key)
+        return
+    with _LATE_LOCK:
+        _LATE.append((ref, key))
+    _watch_dynamo_import()
+
+
+def _swap(ref, key) -> None:
+    holder = ref()
+    if holder is None:
+        return
+    if type(key) is tuple:  # a bound method on an object
+        (name,) = key
+        bound = getattr(holder, name, None)
+        if isinstance(bound, MethodType) and bound.__self__ is holder:
+            setattr(holder, name, MethodType(traced_hook(bound.__func__), holder))
+    elif key in holder:  # a hooks dict; a removed hook is gone
+        holder[key] = traced_hook(holder[key])
+
+
+def _trace_late_hooks() -> None:
+    with _LATE_LOCK:
+        late = list(_LATE)
+        _LATE.clear()
+    for ref, key in late:
+        _swap(ref, key)
 
 
 # Random draws at run time ---------------------------------------------------------

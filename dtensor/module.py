@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtensor._compile import traced_hook
+from dtensor._compile import trace_hook_later
 from dtensor.distribute import distribute_tensor
 from dtensor.errors import PlanError, ShardingError
 from dtensor.mesh import DeviceMesh, resolve_mesh
@@ -78,13 +78,13 @@ def distribute_module(
         if partition_fn is not None:
             partition_fn(name, sub, mesh)
         replicate_leftovers(sub, mesh)
-    # traced_hook: torch.compile traces the hooks into the module's graph.
+    # torch.compile traces the hooks into the module's graph.
     if in_hook is not None:
-        module.register_forward_pre_hook(traced_hook(lambda mod, inputs: in_hook(mod, inputs)))
+        trace_hook_later(module.register_forward_pre_hook(
+            lambda mod, inputs: in_hook(mod, inputs)))
     if out_hook is not None:
-        module.register_forward_hook(
-            traced_hook(lambda mod, inputs, outputs: out_hook(mod, outputs))
-        )
+        trace_hook_later(module.register_forward_hook(
+            lambda mod, inputs, outputs: out_hook(mod, outputs)))
     module._distribute_module_applied = True
     return module
 

@@ -414,3 +414,62 @@ def test_meshes_and_placements_pickle_and_copy_for_compile_caches(world) -> None
     keys = [torch.zeros_like(mine) for _ in range(2)]
     torch.distributed.all_gather(keys, mine, group=world.group)
     assert keys[0] != keys[1]
+
+
+# Hooks installed before Dynamo is imported --------------------------------------------
+_LATE_SCRIPT = r"""
+import copy, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+from dtensor import DeviceMesh, Replicate, Shard
+from dtensor import parallel as tp
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.w1 = torch.nn.Linear(8, 16)
+        self.w2 = torch.nn.Linear(16, 8)
+    def forward(self, ids):
+        return self.w2(torch.relu(self.w1(self.emb(ids))))
+
+mesh = DeviceMesh("cpu", [0])
+torch.manual_seed(0)
+base = Block()
+plan = {"emb": tp.RowwiseParallel(input_layouts=Replicate()), "w1": tp.ColwiseParallel(),
+        "w2": tp.RowwiseParallel(output_layouts=Shard(1))}
+models = [tp.parallelize_module(copy.deepcopy(base), mesh, plan) for _ in range(2)]
+print("dynamo imported by parallelize_module:", "torch._dynamo" in sys.modules)
+ids = torch.tensor([[1, 9, 4, 0], [7, 7, 2, 5]])
+import torch._dynamo
+from torch._dynamo.testing import CompileCounterWithBackend
+cnt = CompileCounterWithBackend("aot_eager")
+# fullgraph: a hook or forward that Dynamo skipped raises instead of splitting the graph
+out = torch.compile(models[1], backend=cnt, fullgraph=True)(ids)
+assert cnt.frame_count == 1, cnt.frame_count
+assert torch.equal(out, models[0](ids))
+print("OK")
+"""
+
+
+def test_styles_hooks_installed_before_dynamo_is_imported_still_trace() -> None:
+    """parallelize_module leaves torch._dynamo unimported (~0.7 s per fresh
+    process); once torch.compile imports it, the styles' hooks and the
+    vocabulary-parallel forward are swapped for traced ones, so the model still
+    compiles as one graph."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        pytest.skip("self-test starts its own world; run it with plain pytest")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.run([sys.executable, "-c", _LATE_SCRIPT, str(port)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "parallelize_module: False" in p.stdout, p.stdout

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dtensor._compile import traced_hook
+from dtensor._compile import trace_hook_later
 from dtensor.mesh import DeviceMesh
 from dtensor.parallel.errors import PlanError
 from dtensor.parallel.style import ParallelStyle, as_dtensor, finish, relayout
@@ -126,7 +126,7 @@ class PrepareModuleInput(ParallelStyle):
             return (self._prepare_args(mod, args, device_mesh),
                     self._prepare_kwargs(mod, kwargs, device_mesh))
 
-        module.register_forward_pre_hook(traced_hook(hook), with_kwargs=True)
+        trace_hook_later(module.register_forward_pre_hook(hook, with_kwargs=True))
         return module
 
     def __repr__(self) -> str:
@@ -177,9 +177,8 @@ class PrepareModuleOutput(ParallelStyle):
         return done[0] if len(done) == 1 else done
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module.register_forward_hook(
-            traced_hook(lambda mod, inputs, outputs: self._prepare_outputs(mod, outputs, device_mesh))
-        )
+        trace_hook_later(module.register_forward_hook(
+            lambda mod, inputs, outputs: self._prepare_outputs(mod, outputs, device_mesh)))
         return module
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ from types import MethodType
 import torch
 from torch import nn
 
-from dtensor._compile import traced_hook
+from dtensor._compile import trace_method_later
 from dtensor.mesh import DeviceMesh
 from dtensor.module import distribute_module, distribute_param
 from dtensor.parallel.embedding import vocab_parallel_forward
@@ -230,7 +230,8 @@ class RowwiseParallel(_LinearStyle):
         if isinstance(module, nn.Embedding):
             layouts, desired = {"weight": Shard(0)}, Replicate()
             # traced: under torch.compile a skipped forward breaks the model's graph
-            module.forward = MethodType(traced_hook(vocab_parallel_forward), module)
+            module.forward = MethodType(vocab_parallel_forward, module)
+            trace_method_later(module, "forward")
         else:
             layouts, desired = {"weight": Shard(1), "bias": Replicate()}, Shard(-1)
 
