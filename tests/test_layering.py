@@ -63,6 +63,40 @@ def test_importing_dtensor_loads_neither_launch_nor_testing() -> None:
     assert out.stdout.strip() == "[]"
 
 
+_FIRST_USE = r"""
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+from dtensor import DeviceMesh, Replicate, Shard, distribute_tensor
+mesh = DeviceMesh("cpu", [0])
+print("after a mesh:", sorted(m for m in ("sympy", "torch._dynamo") if m in sys.modules))
+x = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+((x + 1).detach() * 2).sum(0).redistribute(mesh, [Replicate()])
+print("after ops:", "torch._dynamo" in sys.modules)
+"""
+
+
+def test_first_mesh_and_ops_import_neither_sympy_nor_dynamo() -> None:
+    """A fresh process's first mesh imported sympy (torch.unravel_index,
+    ~0.6 s) and its first op torch._dynamo (the binding probe's dispatch mode,
+    ~0.8 s). (The first op on any tensor subclass still imports
+    torch.distributed.tensor, and with it sympy: torch does that itself.)"""
+    import os
+    import socket
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        pytest.skip("self-test starts its own world; run it with plain pytest")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", _FIRST_USE, str(port)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after a mesh: []" in out.stdout, out.stdout
+    assert "after ops: False" in out.stdout, out.stdout
+
+
 # Import cycles -------------------------------------------------------------------
 def _module_name(path: pathlib.Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
