@@ -154,17 +154,19 @@ def _restore(buf: torch.Tensor, back: torch.dtype | None) -> torch.Tensor:
     return buf.view(back)
 
 
-def all_reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
+def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False) -> torch.Tensor:
     """Reduce ``t`` over ``group`` with ``op`` (a ``Partial`` reduce op); returns a new tensor."""
     if t.numel() == 0:
         return t.clone()
     if op.startswith(NORM_PREFIX):  # p-norm pieces: a sum of powers, or a max
         p = norm_order(op)
         buf, how = _norm_wire.to_wire(t, p)
-        return _norm_wire.from_wire(all_reduce(buf, how, group), p, t.dtype)
+        # A power or the bits' view is a new tensor nobody else holds: no copy.
+        reduced = all_reduce(buf, how, group, _fresh=buf is not t)
+        return _norm_wire.from_wire(reduced, p, t.dtype)
     count("all_reduce", t)
     buf, back = _wire(t, op)
-    if not _tracing() and buf.data_ptr() == t.data_ptr():
+    if not (_fresh or _tracing()) and buf.data_ptr() == t.data_ptr():
         buf = buf.clone()  # reduced in place (traced collectives are functional)
     if _tracing():
         # NOTE: under torch.compile, collectives must be functional ops (the

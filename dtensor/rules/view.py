@@ -326,17 +326,34 @@ def _joined(specs, want, out) -> Sharding:
 
 
 def _norm_join_local(zero, want):
+    pieces = next(p for p in want if isinstance(p, Partial) and p.norm_order is not None)
+
     def local(func, coord, out_specs, args, kwargs):
         tensors = list(args[0])
-        pieces = next(p for p in want if isinstance(p, Partial) and p.norm_order is not None)
         for i, axes in zero:
             t = tensors[i]
-            refuse_negative(t, f"{func}: operand {i} (Replicate()) joining norm pieces", pieces)
-            if any(coord[a] != 0 for a in axes):
-                tensors[i] = torch.zeros_like(t)
+            # NOTE: the message is built only on failure (formatting the op
+            # cost more than the check, three times per clip_grad_norm_).
+            refuse_negative(t, _JoinOperand(func, i), pieces)
+            for a in axes:
+                if coord[a] != 0:
+                    tensors[i] = torch.zeros_like(t)
+                    break
         return func(tensors, *args[1:], **kwargs)
 
     return local
+
+
+class _JoinOperand:
+    """Names a replicated operand of a cat/stack in an error, when formatted."""
+
+    __slots__ = ("func", "i")
+
+    def __init__(self, func, i: int) -> None:
+        self.func, self.i = func, i
+
+    def __str__(self) -> str:
+        return f"{self.func}: operand {self.i} (Replicate()) joining norm pieces"
 
 
 def cat_rule(call):
