@@ -10,6 +10,7 @@ include starting the world (a real world's start-up is part of its cost).
     python bench/sim_throughput.py                      # 4 ranks, test_redistribute.py
     python bench/sim_throughput.py --files tests/properties   # the whole suite
     python bench/sim_throughput.py --big 64 --examples 2      # every property at 64 ranks
+    python bench/sim_throughput.py --files tests/properties --sim-workers 2  # xdist, 2 cores
     DTENSOR_MUTANT=gather_drops_last_uneven_shard python bench/sim_throughput.py --ranks 2
 
 It also compares every test's verdict (junit) between the two runs: the
@@ -82,6 +83,9 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=0, help="also run every property at this size")
     ap.add_argument("--examples", type=int, default=2, help="examples per property at --big")
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--sim-workers", type=int, default=1,
+                    help="xdist workers for the simulated run (-n); each hosts its tests' "
+                         "simulated worlds. A real 4-rank world already keeps 2 cores busy")
     ap.add_argument("--lock", default=None, help="flock this file around each pytest run")
     a = ap.parse_args()
     if a.lock:
@@ -89,10 +93,14 @@ def main() -> None:
     n = str(a.ranks)
     print("| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
     tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
-    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim"], f"{tmp}/sim.xml")
+    if a.sim_workers < 1:
+        ap.error(f"--sim-workers must be >= 1, got {a.sim_workers}")
+    workers = ["-n", str(a.sim_workers)] if a.sim_workers > 1 else []
+    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers], f"{tmp}/sim.xml")
     ex = _examples(sim_out)
     rate = ex / sim_s if ex else float("nan")
-    print(f"| simulated | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
+    label = "simulated" + (f" (-n {a.sim_workers})" if workers else "")
+    print(f"| {label} | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
     if not a.skip_real:
         real_s, real_out, _ = _pytest(a.files, n, [], f"{tmp}/real.xml")
         real_rate = ex / real_s if ex else float("nan")

@@ -99,6 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[RANK_PID_ENV] = str(os.getpid())
     else:
         if _is_xdist_controller(config):
+            if config.getoption("dist_sim", False):
+                from launch.sim_mode import SimTally
+
+                config.pluginmanager.register(SimTally(), "launch-sim-tally")
             return
         if config.getoption("dist_sim", False):
             from launch.sim_mode import SimMode

@@ -40,7 +40,7 @@ import pytest
 from launch import sim
 from launch.world import World, timeout_of, world_size_of
 
-__all__ = ["SimMode", "add_options"]
+__all__ = ["SimMode", "SimTally", "add_options"]
 
 CONFIRM_ENV = "LAUNCH_SIM_CONFIRMING"  # set in the real-world re-run of a failure
 
@@ -302,16 +302,43 @@ class SimMode:
             " | ".join(tail)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.sizes:
-            sizes = ", ".join(str(n) for n in sorted(self.sizes))
-            terminalreporter.write_line(
-                f"launch: simulated worlds of {sizes} ranks (threads of this process); "
-                f"{self.examples} hypothesis examples")
+        _summary_line(terminalreporter, self.sizes, self.examples, "threads of this process")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         for w in list(sim._worlds.values()):
             with sim.entered():
                 w.close()
+        out = getattr(self.config, "workeroutput", None)
+        if out is not None:  # an xdist worker: its controller sums the workers'
+            out["dist_sim_sizes"] = sorted(self.sizes)
+            out["dist_sim_examples"] = self.examples
+
+
+class SimTally:
+    """The xdist controller's side of ``--dist-sim``: it runs no tests, and
+    sums its workers' simulated worlds and examples into one summary line
+    (what ``bench/sim_throughput.py --sim-workers`` reads)."""
+
+    def __init__(self) -> None:
+        self.sizes: set[int] = set()
+        self.examples = 0
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        out = getattr(node, "workeroutput", None) or {}
+        self.sizes.update(out.get("dist_sim_sizes", ()))
+        self.examples += out.get("dist_sim_examples", 0)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        _summary_line(terminalreporter, self.sizes, self.examples,
+                      "threads of each xdist worker")
+
+
+def _summary_line(terminalreporter: Any, sizes: set[int], examples: int, where: str) -> None:
+    if sizes:
+        terminalreporter.write_line(
+            f"launch: simulated worlds of {', '.join(str(n) for n in sorted(sizes))} ranks "
+            f"({where}); {examples} hypothesis examples")
 
 
 def _load(spec: str) -> Any:

@@ -70,6 +70,21 @@ def test_world_size_tests_run_as_threads(child) -> None:
     assert "simulated worlds of 2, 4 ranks" in r.out, r.out
 
 
+def test_xdist_workers_host_simulated_worlds_and_the_controller_sums_examples(child) -> None:
+    """``pytest -n 2 --dist-sim``: each worker hosts its tests' simulated
+    worlds; the controller (which runs no test) prints one summary line with
+    every worker's examples (was: no line at all, so no example count)."""
+    args = ("-m", "pytest", "--dist-sim", "-p", "no:cacheprovider", "test_s.py",
+            "-k", "threads or lockstep or skipped")
+    one = child({"test_s.py": SUITE}, *args)
+    two = child({"test_s.py": SUITE}, *args, "-n", "2")
+    assert one.rc == 0 and two.rc == 0, one.out + two.out
+    assert "2 passed, 1 skipped" in two.out, two.out
+    assert "simulated worlds of 2, 4 ranks (threads of each xdist worker); 30 hypothesis " \
+        "examples" in two.out, two.out
+    assert "(threads of this process); 30 hypothesis examples" in one.out, one.out
+
+
 def test_a_one_rank_failure_shrinks_in_lockstep_and_prints_both_replays(child) -> None:
     r = child({"test_s.py": SUITE}, "-m", "pytest", "--dist-sim", "-p", "no:cacheprovider",
               "test_s.py", "-k", "rank_3")
