@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Outcome", "SimAbort", "SimWorld", "entered", "world"]
+__all__ = ["Outcome", "SimAbort", "SimWorld", "entered", "on_wait", "world"]
 
 
 class SimAbort(Exception):
@@ -54,6 +54,42 @@ class Outcome:
 _lock = threading.Lock()
 _depth = 0
 _saved_world: Any = None
+_saved_waits: tuple | None = None
+_WAIT_HOOKS: list[Callable[[], None]] = []
+
+
+def on_wait(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` on a rank thread right before it waits for the other
+    ranks (a collective, or the barrier that makes a process group).
+
+    ``launch.sim_fanout`` uses it to learn that a rank drawing a value is
+    blocked on the others (a strategy that builds a mesh), so they must run
+    their own draws side by side instead of waiting for its value.
+    """
+    if hook not in _WAIT_HOOKS:
+        _WAIT_HOOKS.append(hook)
+
+
+def _waiting() -> None:
+    for hook in _WAIT_HOOKS:
+        hook()
+
+
+def _hook_waits(mtpg: Any) -> tuple:
+    """Wrap the threaded group's two ways of waiting for the other ranks."""
+    join, barrier = mtpg.Collective.join, mtpg._store_based_barrier
+
+    def hooked_join(self: Any, rank: int, data: Any) -> Any:
+        _waiting()
+        return join(self, rank, data)
+
+    def hooked_barrier(*args: Any, **kwargs: Any) -> Any:
+        _waiting()
+        return barrier(*args, **kwargs)
+
+    mtpg.Collective.join = hooked_join
+    mtpg._store_based_barrier = hooked_barrier
+    return join, barrier
 
 
 def _enter() -> None:
@@ -73,6 +109,8 @@ def _enter() -> None:
         # restores exactly what was there, and autograd's device threads stay
         # on: the ranks call backward() from their own threads.
         dist.distributed_c10d._world = mtpg.ThreadLocalWorld()
+        global _saved_waits
+        _saved_waits = _hook_waits(mtpg)
         if mtpg.ReduceScatter is not _ReduceScatter:
             _ReduceScatter.ops = mtpg._reduce_ops
             mtpg.ReduceScatter = _ReduceScatter
@@ -89,6 +127,12 @@ def _exit() -> None:
             return
         dist.distributed_c10d._world = _saved_world
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        global _saved_waits
+        if _saved_waits is not None:
+            from torch.testing._internal.distributed import multi_threaded_pg as mtpg
+
+            mtpg.Collective.join, mtpg._store_based_barrier = _saved_waits
+            _saved_waits = None
 
 
 class _ReduceScatter:

@@ -16,11 +16,17 @@ the same example sequence simulated and real, hence gives the same verdicts.
 
 Draws made inside the test body (``st.data()``) are shared too: the first
 rank to reach its k-th draw draws it from the engine (under a lock, with the
-engine's build context); the others replay the choices that draw made
-through their own strategy object on their own thread, so each rank builds
-its own value (a mesh holds its rank's groups), as each real rank does. A rank that draws more or fewer
-times than rank 0 is reported as a divergence (examples must not depend on
-the rank).
+engine's build context). A value that holds no rank state (numbers, shapes,
+dtypes, placements, plain tensors, containers and frozen dataclasses of
+them) is copied to the others. Any other value (a mesh holds its rank's
+groups), and any draw during which the drawer waits for the other ranks (a
+strategy that makes a group or runs a collective), is replayed instead: the
+others draw the same strategy through their own object on their own thread
+from the choices the engine makes, so each rank builds its own value, as
+each real rank does. A rank that draws more or fewer times than rank 0 is
+reported as a divergence. Examples must not depend on the rank: a strategy
+that reads the rank while drawing a plain value (``st.builds(dist.get_rank)``)
+gives every simulated rank the drawer's value.
 
 Per example the ranks' outcomes are combined as a real world combines them:
 a failure on any rank fails the example on all (one ``SimRankFailure`` naming
@@ -73,6 +79,56 @@ def _private(value: Any) -> Any:
         return value
 
 
+_DRAWER = threading.local()  # entry: (shared draws, slot) while this thread draws
+_COPY_WAIT_S = 0.25  # how long the others wait for a draw before replaying it
+
+
+def _drawer_waits() -> None:
+    """``launch.sim.on_wait`` hook: the drawing rank is about to wait for the
+    others, which must then replay its draw (a collective strategy)."""
+    entry = getattr(_DRAWER, "entry", None)
+    if entry is not None:
+        shared, slot = entry
+        with shared.cond:
+            slot.blocked = True
+            shared.cond.notify_all()
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether a drawn value holds no rank state, so that a copy of it is what
+    each rank would have drawn: immutable scalars, dtypes and devices, exact
+    ``torch.Tensor`` objects (a subclass such as a DTensor holds a mesh),
+    containers and dataclasses of those, functions without closures."""
+    import dataclasses
+    import enum
+    import types
+
+    import torch
+
+    if depth > 20:
+        return False
+    t = type(value)
+    if isinstance(value, _IMMUTABLE) or t in (torch.dtype, torch.device, torch.layout,
+                                              torch.memory_format, slice):
+        return True
+    if isinstance(value, enum.Enum):
+        return True
+    if t in (tuple, list, set, frozenset):
+        return all(_plain(v, depth + 1) for v in value)
+    if t is dict:
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if t is torch.Tensor:
+        return True
+    if t is types.FunctionType:
+        return value.__closure__ is None
+    if t in (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket):
+        return True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_plain(getattr(value, f.name), depth + 1)
+                   for f in dataclasses.fields(value))
+    return False
+
+
 def _is_data(v: Any) -> bool:
     return type(v).__name__ == "DataObject" and hasattr(v, "draw")
 
@@ -80,7 +136,7 @@ def _is_data(v: Any) -> bool:
 class _Slot:
     """The k-th ``data.draw`` of one example: drawn once, streamed to the others."""
 
-    __slots__ = ("done", "end", "error", "nodes", "start", "text")
+    __slots__ = ("blocked", "done", "end", "error", "nodes", "plain", "start", "text", "value")
 
     def __init__(self, nodes: list, start: int) -> None:
         self.nodes, self.start = nodes, start  # the engine's choice list grows as it draws
@@ -88,6 +144,9 @@ class _Slot:
         self.done = False
         self.error: BaseException | None = None
         self.text = ""
+        self.value: Any = None
+        self.plain = False  # the value holds no rank state: the others copy it
+        self.blocked = False  # the drawer waits for the other ranks inside its draw
 
 
 class _SharedDraws:
@@ -134,18 +193,33 @@ class _SharedDraws:
             else:
                 slot = self.slots[k]
         if first:
+            _DRAWER.entry = (self, slot)  # a wait for the others marks the slot blocked
             try:
                 with _current_build_context.with_value(self.context):
                     value = self.real.draw(strategy, label)
                 slot.text = f"draw {k + 1}: {value!r}"[:300]
+                slot.value, slot.plain = value, _plain(value)
                 return value
             except BaseException as e:
                 slot.error = e
                 raise
             finally:
+                _DRAWER.entry = None
                 with self.cond:
                     slot.end, slot.done = len(slot.nodes), True
                     self.cond.notify_all()
+        # NOTE: a value that holds no rank state (numbers, shapes, placements,
+        # plain tensors, frozen dataclasses of them) is copied from the
+        # drawer's, as the engine's own arguments are (_private): replaying
+        # the draw on every rank was most of a simulated example's time (a
+        # third of the GIL's at 4 ranks). A draw that waits for the other
+        # ranks (a mesh makes groups with all of them) or takes long is
+        # replayed side by side as before, so nothing waits on itself.
+        with self.cond:
+            self.cond.wait_for(lambda: slot.done or slot.blocked, timeout=_COPY_WAIT_S)
+            copy_it = slot.done and slot.plain and slot.error is None
+        if copy_it:
+            return _private(slot.value)
         replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
         value = replay.draw(strategy)
         with self.cond:  # the replay must use exactly the drawer's choices
@@ -253,6 +327,10 @@ class SimFanout:
 
     def __enter__(self) -> SimFanout:
         from hypothesis import HealthCheck, Phase, settings
+
+        from launch.sim import on_wait
+
+        on_wait(_drawer_waits)
 
         fn = self.fn
         self._saved = (self.handle.inner_test, fn._hypothesis_internal_use_settings)

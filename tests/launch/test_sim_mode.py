@@ -142,6 +142,67 @@ def test_body_draws_are_the_same_on_every_rank_under_frequent_thread_switches(ch
     assert "1 passed" in r.out, r.out
 
 
+COPIES = """
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+
+import launch.sim_fanout
+
+# A draw that waits for the other ranks must never wait for its own copy: no
+# fallback timeout here, so a draw that is not replayed hangs the test.
+launch.sim_fanout._COPY_WAIT_S = 3600
+SEEN = {}
+LOCK = threading.Lock()
+
+
+def _reduced(v):
+    t = torch.tensor([v])
+    dist.all_reduce(t)  # inside the draw: every rank must draw it itself
+    return int(t.item())
+
+
+class Box:  # holds rank state as far as the fan-out knows: replayed
+    def __init__(self, v):
+        self.v, self.rank = v, dist.get_rank()
+
+
+@pytest.mark.world_size(4)
+@settings(max_examples=20, database=None)
+@given(data=st.data())
+def test_copied_replayed_and_collective_draws(world, data):
+    x = data.draw(st.integers(1, 5).map(lambda n: torch.arange(float(n))))
+    total = data.draw(st.integers(0, 9).map(_reduced))
+    box = data.draw(st.integers(0, 9).map(Box))
+    assert total % 4 == 0
+    assert box.rank == world.rank  # built on this rank's thread
+    with LOCK:
+        SEEN[world.rank] = x
+    dist.barrier()
+    assert len({id(t) for t in SEEN.values()}) == 4  # each rank its own copy
+    assert all(torch.equal(t, x) for t in SEEN.values())
+    dist.barrier()
+    x.add_(world.rank)  # a write stays on its rank
+    dist.barrier()
+    assert [int(SEEN[r][0]) for r in range(4)] == [0, 1, 2, 3]
+    dist.barrier()
+"""
+
+
+def test_plain_draws_are_copied_collective_and_stateful_ones_replayed(child) -> None:
+    """Body draws of plain values (a tensor) reach each rank as its own copy;
+    a draw that runs a collective, and one whose value holds rank state, are
+    drawn by every rank (the collective draw would hang if the others waited
+    for the drawer's value)."""
+    r = child({"test_c.py": COPIES}, "-m", "pytest", "--dist-sim", "--dist-timeout", "60",
+              "-p", "no:cacheprovider", "-q", "test_c.py", timeout=300)
+    assert r.rc == 0, r.out
+    assert "1 passed" in r.out, r.out
+
+
 @pytest.mark.parametrize("answer", [[(2, "t.py::x")], [("2", "t.py::x", {})], "2", [(True, "t.py::x", {})]],
                          ids=["two-fields", "size-str", "not-a-list", "size-bool"])
 def test_a_malformed_smaller_worlds_hook_answer_names_the_hook(answer) -> None:
