@@ -95,7 +95,9 @@ def main() -> None:
     tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
     if a.sim_workers < 1:
         ap.error(f"--sim-workers must be >= 1, got {a.sim_workers}")
-    workers = ["-n", str(a.sim_workers)] if a.sim_workers > 1 else []
+    # worksteal: the property files end in long tests (child runs of the
+    # lockstep self-tests); plain load scheduling left one worker idle there.
+    workers = ["-n", str(a.sim_workers), "--dist", "worksteal"] if a.sim_workers > 1 else []
     sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers], f"{tmp}/sim.xml")
     ex = _examples(sim_out)
     rate = ex / sim_s if ex else float("nan")
