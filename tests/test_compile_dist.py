@@ -452,24 +452,11 @@ print("OK")
 """
 
 
-def test_styles_hooks_installed_before_dynamo_is_imported_still_trace() -> None:
+def test_styles_hooks_installed_before_dynamo_is_imported_still_trace(fresh_process) -> None:
     """parallelize_module leaves torch._dynamo unimported (~0.7 s per fresh
     process); once torch.compile imports it, the styles' hooks and the
     vocabulary-parallel forward are swapped for traced ones, so the model still
     compiles as one graph."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        pytest.skip("self-test starts its own world; run it with plain pytest")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    p = subprocess.run([sys.executable, "-c", _LATE_SCRIPT, str(port)], capture_output=True,
-                       text=True, timeout=300, env=env)
+    p = fresh_process(_LATE_SCRIPT)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert "parallelize_module: False" in p.stdout, p.stdout

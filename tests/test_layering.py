@@ -75,23 +75,12 @@ print("after ops:", "torch._dynamo" in sys.modules)
 """
 
 
-def test_first_mesh_and_ops_import_neither_sympy_nor_dynamo() -> None:
+def test_first_mesh_and_ops_import_neither_sympy_nor_dynamo(fresh_process) -> None:
     """A fresh process's first mesh imported sympy (torch.unravel_index,
     ~0.6 s) and its first op torch._dynamo (the binding probe's dispatch mode,
     ~0.8 s). (The first op on any tensor subclass still imports
     torch.distributed.tensor, and with it sympy: torch does that itself.)"""
-    import os
-    import socket
-
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        pytest.skip("self-test starts its own world; run it with plain pytest")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    out = subprocess.run([sys.executable, "-c", _FIRST_USE, str(port)], capture_output=True,
-                         text=True, timeout=120, env=env)
+    out = fresh_process(_FIRST_USE, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "after a mesh: []" in out.stdout, out.stdout
     assert "after ops: False" in out.stdout, out.stdout
