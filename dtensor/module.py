@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from types import FunctionType
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 import torch
