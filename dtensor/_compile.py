@@ -197,12 +197,19 @@ def trace_hook_later(handle) -> None:
     Example:
         >>> trace_hook_later(module.register_forward_pre_hook(hook))
     """
+    if not hasattr(handle, "hooks_dict_ref") or not hasattr(handle, "id"):
+        raise TypeError(f"trace_hook_later: expected the handle register_forward_hook or "
+                        f"register_forward_pre_hook returns, got {handle!r}")
     _later(handle.hooks_dict_ref, handle.id)
 
 
 def trace_method_later(obj, name: str) -> None:
     """Make the bound method ``obj.<name>`` (a function set on ``obj``)
     traced by torch.compile once ``torch._dynamo`` is imported (now, if it is)."""
+    if not isinstance(getattr(obj, "__dict__", {}).get(name), MethodType):
+        raise TypeError(f"trace_method_later: {type(obj).__name__}.{name} is not a method "
+                        f"set on the object ({getattr(obj, name, None)!r}); set it with "
+                        f"obj.{name} = types.MethodType(fn, obj) first")
     _later(weakref.ref(obj), (name,))
 
 

@@ -43,6 +43,10 @@ def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
         >>> unravel(5, (2, 3))
         (1, 2)
     """
+    total = math.prod(shape)
+    if not 0 <= flat < total:
+        raise MeshError(f"unravel: index {flat} is outside a mesh of shape {tuple(shape)} "
+                        f"({total} ranks); expected 0 <= index < {total}")
     coord = []
     for size in reversed(shape):
         flat, i = divmod(flat, size)

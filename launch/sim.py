@@ -66,6 +66,8 @@ def on_wait(hook: Callable[[], None]) -> None:
     blocked on the others (a strategy that builds a mesh), so they must run
     their own draws side by side instead of waiting for its value.
     """
+    if not callable(hook):
+        raise TypeError(f"on_wait: expected a callable taking no arguments, got {hook!r}")
     if hook not in _WAIT_HOOKS:
         _WAIT_HOOKS.append(hook)
 

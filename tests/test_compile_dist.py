@@ -460,3 +460,12 @@ def test_styles_hooks_installed_before_dynamo_is_imported_still_trace(fresh_proc
     p = fresh_process(_LATE_SCRIPT)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert "parallelize_module: False" in p.stdout, p.stdout
+
+
+def test_late_tracing_refuses_what_is_not_a_hook_handle_or_bound_method() -> None:
+    from dtensor._compile import trace_hook_later, trace_method_later
+
+    with pytest.raises(TypeError, match="expected the handle register_forward_hook"):
+        trace_hook_later(lambda m, i: i)
+    with pytest.raises(TypeError, match=r"Linear\.forward is not a method set on the object"):
+        trace_method_later(torch.nn.Linear(2, 2), "forward")  # the class's, not set on it

@@ -161,3 +161,40 @@ def test_meta_init_through_a_partition_fn_then_to_empty_and_init(world) -> None:
     x = torch.arange(8.0).reshape(2, 4)
     out = m(distribute_tensor(x, _mesh(), [Replicate()]))
     assert torch.allclose(out.full_tensor(), ref(x))
+
+
+class _Hooks:
+    def three(self, mod, io, mesh):
+        return io
+
+    def two(self, io, mesh):
+        return io
+
+    def defaulted(self, mod, io, mesh=None):
+        return io
+
+    def star(self, *args):
+        return args
+
+
+def _free(a, b, *, c):
+    return a
+
+
+def test_hook_argument_counts_match_inspect_for_methods_and_functions() -> None:
+    """distribute_module reads a hook's argument count from its code (the
+    parallel styles pass bound methods); every shape of callable counts as
+    inspect.signature counts it."""
+    import functools
+    import inspect
+
+    from dtensor.module import _arg_count
+
+    h = _Hooks()
+    for fn in (h.three, h.two, h.defaulted, h.star, _free, lambda m, i, d: i,
+               lambda i, d: i, functools.partial(_free, 1), _Hooks.three, print):
+        try:
+            want = len(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            want = 3
+        assert _arg_count(fn) == want, fn

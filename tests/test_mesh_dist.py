@@ -291,3 +291,20 @@ def test_a_sub_world_swapped_in_and_out_leaves_the_worlds_groups_alone(world) ->
     flat = again["tp", "dp"]._flatten("tp_dp")
     x = distribute_tensor(torch.arange(8.0), flat, [Shard(0)])
     assert torch.equal(x.full_tensor(), torch.arange(8.0))
+
+
+def test_unravel_is_row_major_and_refuses_indices_outside_the_mesh() -> None:
+    """dtensor.mesh.unravel: integer math (torch.unravel_index imported
+    sympy), equal to torch's on every index of several shapes; an index
+    outside the mesh names the shape and the valid range."""
+    import math
+
+    from dtensor.mesh import unravel
+
+    for shape in [(1,), (4,), (2, 3), (2, 2, 2), (3, 1, 4), (2, 3, 4, 2)]:
+        for flat in range(math.prod(shape)):
+            want = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
+            assert unravel(flat, shape) == want, (flat, shape)
+    for bad in (-1, 6):
+        with pytest.raises(MeshError, match=r"outside a mesh of shape \(2, 3\).*0 <= index < 6"):
+            unravel(bad, (2, 3))

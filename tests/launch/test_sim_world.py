@@ -126,3 +126,10 @@ def test_random_state_is_per_rank_and_replicas_agree() -> None:
     finally:
         with entered():
             w.close()
+
+
+def test_on_wait_refuses_a_non_callable() -> None:
+    from launch.sim import on_wait
+
+    with pytest.raises(TypeError, match="expected a callable taking no arguments, got 3"):
+        on_wait(3)
