@@ -120,6 +120,7 @@ def _factorizations(n: int, ndim: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)  # see strategies._placements
 def mesh_shapes(
     *,
     world_size: int,
@@ -159,6 +160,7 @@ def mesh_shapes(
     return st.sampled_from(shapes)
 
 
+@functools.lru_cache(maxsize=256)  # see strategies._placements
 def sub_meshes(
     *,
     world_size: int,
@@ -197,6 +199,7 @@ def sub_meshes(
     return shapes.flatmap(with_ranks)
 
 
+@functools.lru_cache(maxsize=256)  # see strategies._placements
 def mesh_layouts(
     *,
     world_size: int,
@@ -254,6 +257,7 @@ class NamedSubMesh:
         p.text(repr(self))
 
 
+@functools.lru_cache(maxsize=256)  # see strategies._placements
 def named_sub_meshes(
     *,
     world_size: int,

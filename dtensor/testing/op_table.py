@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -307,6 +308,12 @@ class DrawnOp(NamedTuple):
     placements: list[tuple]  # dtensor placements per input
 
 
+@functools.cache
+def _family_cases(family: str):
+    # One strategy object per family: a new one is validated on every draw.
+    return st.sampled_from([c for c in OPS if c.family == family])
+
+
 def draw_op(data: Any, *, mesh_ndim: int, family: str | None = None,
             case: OpCase | None = None, mixed_reduce_ops: bool = True,
             nonfinite_with_partial: bool = False) -> DrawnOp:
@@ -321,7 +328,7 @@ def draw_op(data: Any, *, mesh_ndim: int, family: str | None = None,
     if case is None:
         if family not in FAMILIES:
             raise ValueError(f"draw_op: family={family!r} must be one of {FAMILIES}")
-        case = data.draw(st.sampled_from([c for c in OPS if c.family == family]))
+        case = data.draw(_family_cases(family))
     shapes = data.draw(case.shapes)
     dtype = data.draw(dtypes(include=case.dtypes))
     pls = [data.draw(placements(mesh_ndim=mesh_ndim, tensor_ndim=len(s),

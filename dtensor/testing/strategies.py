@@ -94,6 +94,17 @@ def placements(
         )
     if allow_partial and not reduce_ops:
         raise InvalidArgument(f"{fn}: allow_partial=True needs reduce_ops, got ()")
+    return _placements(mesh_ndim, tensor_ndim, allow_partial, tuple(reduce_ops),
+                       mixed_reduce_ops)
+
+
+# NOTE: cached because property bodies build these strategies inside the test
+# (per drawn shape, with ``st.data()``): a new strategy object is validated
+# by Hypothesis on its first draw, which cost more than the draw itself (~10 %
+# of the property suite's time). Strategies are immutable; sharing is safe.
+@functools.lru_cache(maxsize=1024)
+def _placements(mesh_ndim: int, tensor_ndim: int, allow_partial: bool,
+                reduce_ops: tuple[str, ...], mixed_reduce_ops: bool):
     base: list[Placement] = [Replicate()]
     base += [Shard(d) for d in range(tensor_ndim)]
     if not allow_partial:
@@ -106,6 +117,7 @@ def placements(
 
 
 # Tensors ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)  # see strategies._placements
 def tensor_shapes(
     *,
     min_dims: int = 0,
@@ -145,7 +157,12 @@ def dtypes(*, include: Sequence[torch.dtype] = DTYPES) -> st.SearchStrategy[torc
         raise InvalidArgument(
             f"dtypes: include={include!r} must be a non-empty sequence of torch.dtype"
         )
-    return st.sampled_from(include)
+    return _sampled(include)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled(values: tuple) -> st.SearchStrategy:
+    return st.sampled_from(values)
 
 
 #: How tensor contents are made, simplest first. ``arange``: distinct values
@@ -203,16 +220,32 @@ def tensors(
     if not isinstance(shapes, st.SearchStrategy):
         if not all(isinstance(s, int) and s >= 0 for s in shapes):
             raise InvalidArgument(f"tensors: shape={shape!r} must be non-negative ints")
-        shapes = st.just(tuple(shapes))
+        shapes = _just_shape(tuple(shapes))
     dts = dtypes() if dtype is None else dtype
     if not isinstance(dts, st.SearchStrategy):
-        dts = dtypes(include=(dts,))
+        if not isinstance(dts, torch.dtype):
+            raise InvalidArgument(f"tensors: dtype={dtype!r} must be a torch.dtype or a strategy")
+        dts = _dtype_strategy(dts)
     bad = [f for f in fills if f not in FILLS]
     if bad or not fills or isinstance(fills, str):
         raise InvalidArgument(f"tensors: fills={fills!r} must be a non-empty subset of {FILLS}")
-    return st.builds(
-        _fill, shapes, dts, st.sampled_from(tuple(fills)), st.integers(0, 2**16)
-    )
+    return _tensors(shapes, dts, tuple(fills))
+
+
+@functools.lru_cache(maxsize=1024)
+def _just_shape(shape: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.just(shape)
+
+
+def _dtype_strategy(dtype: torch.dtype) -> st.SearchStrategy[torch.dtype]:
+    return _sampled((dtype,))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensors(shapes, dts, fills: tuple[str, ...]) -> st.SearchStrategy[torch.Tensor]:
+    # Keyed by the strategies' identities: the cached ones above make a
+    # drawn shape and dtype hit (see _placements).
+    return st.builds(_fill, shapes, dts, st.sampled_from(fills), st.integers(0, 2**16))
 
 
 # The composite ----------------------------------------------------------------------
