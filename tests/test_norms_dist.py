@@ -192,3 +192,46 @@ def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypa
     inf = torch._foreach_norm(ds, math.inf)  # same key but the order's value
     assert runs == [1] and inf[0].placements == (norm_partial(math.inf),), (runs, inf[0].placements)
     torch.testing.assert_close(inf[2].full_tensor(), torch._foreach_norm(xs, math.inf)[2], **TOL)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("piece", [norm_partial(2.0), Partial("sum"), Partial("max")], ids=str)
+def test_an_op_that_reduces_its_partial_operand_runs_from_the_fast_path(
+        world, monkeypatch, piece) -> None:
+    """``clip_grad_norm_``'s ``total_norm + 1e-6`` every step: a plan whose
+    only move is a reduction of top-level operands gets a fast form (MOVE)
+    that reduces, runs and wraps without the general path: one all-reduce
+    per call, the general path's value and spec, the first operand's spec
+    object where the result is laid out like it."""
+    from dtensor import DTensor
+    from dtensor.dispatch import general
+    from dtensor.dispatch.cache import TABLE, forget
+    from dtensor.dispatch.form import FAST_MOVE
+
+    forget()  # plans of earlier parameters stay in the table otherwise
+    mesh = _mesh(2)
+    rank = mesh.get_coordinate()[0]
+    local = torch.tensor([3.0, 4.0]) + rank
+    p = DTensor.from_local(local, mesh, [piece], run_check=False)
+    r = distribute_tensor(torch.tensor([1.0, -2.0]), mesh, [Replicate()])
+    first = p + 1e-6
+    first_r = torch.atan2(r, p)  # no placement of p survives atan2: reduced
+    forms = [plan.fast for k, plan in TABLE.items() if k[0] in (
+        torch.ops.aten.add.Tensor._op, torch.ops.aten.atan2.default._op)]
+    assert sum(f is not None and f[0] == FAST_MOVE for f in forms) == 2, forms
+    runs = []
+    real = general.run
+    monkeypatch.setattr(general, "run", lambda *a: runs.append(1) or real(*a))
+    with CommCounter() as c:
+        again = p + 1e-6
+        again_r = torch.atan2(r, p)
+    assert runs == [] and c.counts == {"all_reduce": 2}, (runs, c.counts)
+    want = p.full_tensor()  # the general redistribution
+    for a, b in ((first, again), (first_r, again_r)):
+        assert a._spec == b._spec and b.placements == (Replicate(),)
+        torch.testing.assert_close(a.to_local(), b.to_local(), rtol=0, atol=0)
+    torch.testing.assert_close(again.to_local(), want + 1e-6)
+    torch.testing.assert_close(again_r.to_local(), torch.atan2(torch.tensor([1.0, -2.0]), want))
+    assert again_r._spec is r._spec  # laid out like the first operand: its spec object
+    local.fill_(-1.0)  # a new value in the same layout: the fast form reads it
+    torch.testing.assert_close((p + 0.0).full_tensor(), p.full_tensor())

@@ -17,9 +17,10 @@ import torch
 
 from dtensor.dispatch.cache import PLAIN, TABLE, VALUE_KEYED
 from dtensor.dispatch.call import SCALAR_TYPES, implicit
-from dtensor.dispatch.form import FAST_LOCAL, FAST_NONE, FAST_ONE, FAST_SELF
+from dtensor.dispatch.form import FAST_LOCAL, FAST_MOVE, FAST_NONE, FAST_ONE, FAST_SELF
 from dtensor.dispatch.general import general, planned
 from dtensor.dispatch.wrap import wrap
+from dtensor.redistribute import execute
 
 __all__ = ["dispatch"]
 
@@ -144,6 +145,15 @@ def dispatch(func, args, kwargs):
         r._local_tensor = out
         # spec None: the output's spec is the first operand's (detach, alias,
         # same-shape views): hand over that object itself.
+        r._spec = args[0]._spec if spec is None else spec
+        return r
+    if kind == FAST_MOVE:
+        mesh, moves = extra
+        for i, steps, gshape in moves:
+            loc[i] = execute(loc[i], steps, gshape, mesh)
+        out = op(*loc, **kwargs) if kwargs else op(*loc)
+        r = _mk(DTensor, shape, stride, None, None, dtype, out.layout, out.device, False, False)
+        r._local_tensor = out
         r._spec = args[0]._spec if spec is None else spec
         return r
     if kwargs is None:
