@@ -57,7 +57,10 @@ class Sharding:
     with local tensors in ``args``/``kwargs`` (e.g. a view whose size
     argument must be this rank's block shape). ``shapes``, if given, are the
     outputs' global shapes (one per output, like ``outputs``): pure shape
-    math that spares dispatch running the op on meta tensors for a new shape.
+    math that spares dispatch running the op on meta tensors for a new shape;
+    they apply to contiguous operands only, unless ``any_strides``: the op
+    makes fresh contiguous outputs whatever its operands' strides (products:
+    ``linear`` hands ``addmm`` a transposed weight).
     """
 
     inputs: tuple[tuple[Placement, ...] | None, ...]
@@ -65,6 +68,7 @@ class Sharding:
     scalar_reduce: str | None = None
     local: Any = None
     shapes: tuple[tuple[int, ...], ...] | None = None
+    any_strides: bool = False
 
 
 def writes_self(func) -> bool:

@@ -247,7 +247,7 @@ def _both(func, *args, **kwargs):
     key_args = tuple(tuple(a) if isinstance(a, list) else a for a in args_with_specs)
     sharding = rule_for_tags(func)(OpCall(func, specs, key_args, kwargs))
     assert sharding is not None and sharding.shapes is not None, func
-    return shape_metas(call, specs, sharding.shapes), infer_meta(call, specs)
+    return shape_metas(call, specs, sharding.shapes, sharding.any_strides), infer_meta(call, specs)
 
 
 def _t(*shape, dtype=torch.float32):
@@ -298,6 +298,13 @@ SHAPE_CASES = [
     (aten.addmm.default, (_t(3), _t(4, 5), _t(5, 3)), {}),
     (aten.addmm.default, (_t(4, 3), _t(4, 5), _t(5, 3)), {}),
     (aten.addmm.default, (_t(1, 3), _t(4, 5), _t(5, 3)), {"beta": 0.5}),
+    # linear's transposed weight: products make fresh contiguous outputs
+    (aten.addmm.default, (_t(3), _t(4, 5), _t(3, 5).t()), {}),
+    (aten.mm.default, (_t(5, 4).t(), _t(3, 5).t()), {}),
+    (aten.bmm.default, (_t(2, 5, 4).transpose(1, 2), _t(2, 5, 3)), {}),
+    (aten.stack.default, ([_t(), _t(), _t()],), {}),
+    (aten.stack.default, ([_t(4, 3), _t(4, 3)], 1), {}),
+    (aten.stack.default, ([_t(4, 3), _t(4, 3)], -1), {}),
     (aten.zeros_like.default, (_t(4, 5),), {}),
     (aten.ones_like.default, (_t(4, 5, dtype=torch.int32),), {"dtype": torch.float16}),
     (aten.full_like.default, (_t(3, 2, dtype=torch.bool), 7), {}),
@@ -326,7 +333,7 @@ def test_shape_math_steps_aside_where_it_could_be_wrong(func, args) -> None:
     sharding = rule_for_tags(func)(OpCall(func, specs, specs, {}))
     if sharding is None or sharding.shapes is None:
         return
-    assert shape_metas(call, specs, sharding.shapes) is None
+    assert shape_metas(call, specs, sharding.shapes, sharding.any_strides) is None
 
 
 INPLACE_CASES = [
@@ -383,6 +390,23 @@ def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:
     forget()
     assert _binding(aten.mul.Tensor, (big, big), {}) is torch._C._VariableFunctions.mul
     assert _binding(aten.view.default, (big, [64, 128]), {}) is torch._C.TensorBase.view
+    forget()
+
+
+def test_a_large_product_beside_a_small_bias_probes_on_host_tensors(monkeypatch) -> None:
+    # linear's addmm: a 512 bias beside 64x128 and 128x512 blocks. Shrinking
+    # only the large ones made shapes disagree and sent the probe to meta
+    # tensors (a Python decomposition, ~1 ms per op on a model's first step).
+    from dtensor.dispatch import binding
+
+    def no_meta(loc):
+        raise AssertionError(f"meta probe for shapes {[getattr(x, 'shape', x) for x in loc]}")
+
+    monkeypatch.setattr(binding, "_meta_args", no_meta)
+    w = torch.ones(512, 128)
+    forget()
+    found = _binding(aten.addmm.default, (torch.ones(512), torch.ones(64, 128), w.t()), {})
+    assert found is torch._C._VariableFunctions.addmm
     forget()
 
 

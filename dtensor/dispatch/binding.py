@@ -75,9 +75,13 @@ def probe_binding(func, loc, kwargs, host_ok: bool):
 
 
 def _host_args(loc):
+    # All at their real shapes, or all with every dim 2: shrinking only the
+    # large ones broke shapes that must agree (linear's addmm: a 512 bias
+    # beside a 2x2 product), and the meta fallback then cost ~1 ms per op
+    # (meta kernels of products are Python decompositions).
+    small = all(x.numel() <= 4096 for x in loc if isinstance(x, torch.Tensor))
     return [
-        (torch.zeros(x.shape, dtype=x.dtype, device="cpu") if x.numel() <= 4096
-         else torch.zeros((2,) * x.dim(), dtype=x.dtype, device="cpu"))
+        (torch.zeros(x.shape if small else (2,) * x.dim(), dtype=x.dtype, device="cpu"))
         if isinstance(x, torch.Tensor)
         else x
         for x in loc

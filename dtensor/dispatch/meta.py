@@ -46,7 +46,8 @@ def inplace_metas(call: Call, specs) -> tuple[TensorMeta] | None:
     return (specs[0].tensor_meta,)
 
 
-def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
+def shape_metas(call: Call, specs, shapes, any_strides: bool = False
+                ) -> tuple[TensorMeta, ...] | None:
     """Output metadata from a rule's global ``shapes``, or None.
 
     Applies when the op is functional and every operand is contiguous and
@@ -54,12 +55,14 @@ def shape_metas(call: Call, specs, shapes) -> tuple[TensorMeta, ...] | None:
     come from the op run once on small tensors (every dim 2), kept in the op's
     record per signature (operand dtypes and ranks, other arguments with types).
     ``specs``: the operands' specs (plain operands as replicated).
+    ``any_strides``: the rule vouches that outputs are contiguous whatever
+    the operands' strides (``Sharding.any_strides``).
     """
     info = record(call.func)
     if not info.functional:
         return None
     for s in specs:
-        if 0 in s.shape or s.stride != contiguous_stride(s.shape):
+        if 0 in s.shape or not (any_strides or s.stride == contiguous_stride(s.shape)):
             return None
     for shape in shapes:
         if 0 in shape:

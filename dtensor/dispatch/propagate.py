@@ -90,7 +90,7 @@ def _output_specs(call: Call, info: OpInfo, specs, sharding: Sharding):
     func = call.func
     metas = inplace_metas(call, specs)
     if metas is None and sharding.shapes is not None:
-        metas = shape_metas(call, specs, sharding.shapes)
+        metas = shape_metas(call, specs, sharding.shapes, sharding.any_strides)
     if metas is None:
         try:
             metas = infer_meta(call, specs)

@@ -103,13 +103,15 @@ def einsum_rule(spec: str, bias: bool = False):
         fits = all(sizes.get(c, n) == n for c, n in zip(lb, b.shape, strict=True))
         sizes.update(zip(lb, b.shape, strict=True))
         out_shape = tuple(sizes[c] for c in lo)
+        shapes = (out_shape,) if fits else None
         if not bias:
-            return Sharding((wa, wb), (out,), shapes=(out_shape,) if fits else None)
+            return Sharding((wa, wb), (out,), shapes=shapes, any_strides=True)
         if len(out_shape) < specs[0].ndim:
             return None
         fits = fits and _broadcasts_to(specs[0].shape, out_shape)
         wbias = _bias_want(specs[0], out_shape, out)
-        return Sharding((wbias, wa, wb), (out,), shapes=(out_shape,) if fits else None)
+        return Sharding((wbias, wa, wb), (out,), shapes=shapes if fits else None,
+                        any_strides=True)
 
     return rule
 

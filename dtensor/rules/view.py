@@ -299,7 +299,7 @@ def _join(specs, dim: int, shift: bool):
     return tuple(want), tuple(out)
 
 
-def _joined(specs, want, out) -> Sharding:
+def _joined(specs, want, out, shape=None) -> Sharding:
     """The Sharding of a cat/stack whose operands take ``want``.
 
     Replicated operands joining norm pieces stay as they are and become
@@ -311,8 +311,9 @@ def _joined(specs, want, out) -> Sharding:
     axes = [a for a, p in enumerate(want) if isinstance(p, Partial) and p.norm_order is not None]
     keep = [i for i, s in enumerate(specs)
             if axes and any(s.placements[a] == Replicate() for a in axes)]
+    shapes = None if shape is None else (shape,)
     if not keep:
-        return Sharding((want,) * len(specs), (out,))
+        return Sharding((want,) * len(specs), (out,), shapes=shapes)
     inputs = []
     for i, s in enumerate(specs):
         if i in keep:
@@ -322,7 +323,7 @@ def _joined(specs, want, out) -> Sharding:
             inputs.append(want)
     zero = tuple((i, tuple(a for a in axes if specs[i].placements[a] == Replicate()
                            and not want[a].is_idempotent)) for i in keep)
-    return Sharding(tuple(inputs), (out,), local=_norm_join_local(zero, want))
+    return Sharding(tuple(inputs), (out,), local=_norm_join_local(zero, want), shapes=shapes)
 
 
 def _norm_join_local(zero, want):
@@ -371,7 +372,9 @@ def stack_rule(call):
         return None
     dim = norm_dim(bind(call)["dim"], specs[0].ndim + 1)
     want, out = _join(specs, dim, shift=True)
-    return _joined(specs, want, out)
+    shape = list(specs[0].shape)
+    shape.insert(dim, len(specs))
+    return _joined(specs, want, out, tuple(shape))
 
 
 # index_select / gather -------------------------------------------------------------
