@@ -196,6 +196,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tensor", (
         "tensor.py", "distribute.py", "factories.py", "interop.py", "experimental.py",
         "checkpoint.py", "debug.py", "_module_tracker.py", "module.py", "_tensor_grad.py",
+        "_arith.py",
     )),
     ("parallel", ("parallel/",)),
     ("package", ("__init__.py",)),
