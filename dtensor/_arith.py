@@ -6,7 +6,7 @@ wrap a Python scalar into a tensor, pass the autograd, autocast and mode
 layers, find no rule registered for the subclass (a Python call), unwrap
 the scalar again and call ``DTensor.__torch_dispatch__``. Where none of those
 layers has anything to do (no gradient to record, no mode, no autocast, no
-tracing), the DTensor's operators call the same dispatch function directly,
+tracing, no forward-AD level or functorch transform), the DTensor's operators call the same dispatch function directly,
 with the same overload and the same arguments the C path passes (checked by
 ``tests/test_arith.py``): ~4 µs of the ~10 µs a scalar op costs. Everything
 else takes the C path.
@@ -31,6 +31,16 @@ _modes = torch._C._len_torch_dispatch_stack
 _fn_modes = torch._C._is_torch_function_mode_enabled
 _autocast = torch._C._is_any_autocast_enabled
 _compiling = torch.compiler.is_compiling
+_functorch_level = torch._C._functorch.maybe_current_level
+_forward_ad = torch.autograd.forward_ad
+
+
+def _layers_busy() -> bool:
+    """A layer between the C operators and dispatch has work: a dispatch or
+    function mode, autocast, tracing, a forward-AD dual level or a functorch
+    transform (their tangents and wrappers live in those layers)."""
+    return bool(_fn_modes() or _modes() or _autocast() or _compiling()
+                or _forward_ad._current_level >= 0 or _functorch_level() is not None)
 
 
 def install(cls: type, dispatch) -> None:
@@ -40,7 +50,7 @@ def install(cls: type, dispatch) -> None:
         """Whether ``x (op) other`` may skip the C path."""
         # NOTE: modes first: a function mode sees even a property read
         # (requires_grad), and must see only the user's calls.
-        if _fn_modes() or _modes() or _autocast() or _compiling() or type(x) is not cls:
+        if _layers_busy() or type(x) is not cls:
             return False
         t = type(other)
         if t is cls:
@@ -93,8 +103,7 @@ def install(cls: type, dispatch) -> None:
     neg = base.__neg__
 
     def __neg__(self):
-        if not (_fn_modes() or _modes() or _autocast() or _compiling()) and type(self) is cls \
-                and not (_grad_on() and self.requires_grad):
+        if not _layers_busy() and type(self) is cls and not (_grad_on() and self.requires_grad):
             return dispatch(aten.neg.default, (self,), {})
         return neg(self)
 

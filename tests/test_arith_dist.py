@@ -133,3 +133,34 @@ def test_gradients_modes_and_autocast_take_the_c_path(world) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         r = x * 2.0  # autocast has no policy for mul: same value, via the C path
     assert r.dtype == torch.float32
+
+
+@W2
+def test_forward_ad_levels_and_functorch_transforms_take_the_c_path(world, monkeypatch) -> None:
+    """Tangents and transform wrappers live in the layers the operators skip:
+    under a forward-AD dual level or inside a functorch transform the C path
+    runs (it reaches ``DTensor.__torch_dispatch__``; the direct call does not)."""
+    import torch.autograd.forward_ad as fwAD
+
+    import dtensor.tensor
+
+    mesh = _mesh()
+    x = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+    entered = []
+    real = dtensor.tensor._dispatch
+    monkeypatch.setattr(dtensor.tensor, "_dispatch",
+                        lambda f, a, k: entered.append(f) or real(f, a, k))
+    x * 2.0, 1.0 - x, -x
+    assert entered == [], entered  # no layer busy: the direct call
+    with fwAD.dual_level():
+        x * 2.0
+    assert entered == [torch.ops.aten.mul.Tensor], entered
+    entered.clear()
+
+    def body(v):
+        y = 3.0 * x  # an unbatched DTensor under vmap
+        assert isinstance(y, DTensor)
+        return v
+
+    torch.func.vmap(body)(torch.zeros(3))
+    assert entered == [torch.ops.aten.mul.Tensor], entered
