@@ -16,9 +16,10 @@ argument), then runs and wraps like ONE.
 Only plans without write-back or fallback, on a rank of the op's mesh, get
 one; only MOVE redistributes (a functional op of one result whose moved
 operands are top-level arguments: ``total_norm + 1e-6`` in
-``clip_grad_norm_``, where the general path cost ~40 % of the call). Which plans qualify, and the form
-itself, follow from the plan, the op's record and the call's key alone, so
-the form is as rank-independent as the key (see ``dtensor.dispatch.cache``).
+``clip_grad_norm_`` every step, where the general path made ~40 % of the
+call's Python calls). Which plans qualify, and the form itself, follow from
+the plan, the op's record and the call's key alone, so the form is as
+rank-independent as the key (see ``dtensor.dispatch.cache``).
 """
 
 from __future__ import annotations
