@@ -18,7 +18,8 @@ Draws made inside the test body (``st.data()``) are shared too: the first
 rank to reach its k-th draw draws it from the engine (under a lock, with the
 engine's build context). A value that holds no rank state (numbers, shapes,
 dtypes, placements, plain tensors, containers and frozen dataclasses of
-them) is copied to the others. Any other value (a mesh holds its rank's
+them) is copied to every rank, the drawer included (the slot keeps the value
+as drawn, for the failure report). Any other value (a mesh holds its rank's
 groups), and any draw during which the drawer waits for the other ranks (a
 strategy that makes a group or runs a collective), is replayed instead: the
 others draw the same strategy through their own object on their own thread
@@ -73,10 +74,54 @@ def _private(value: Any) -> Any:
         return value
     if type(value) is tuple and all(isinstance(v, _IMMUTABLE) for v in value):
         return value
+    fast = _copy_plain(value, {}, 0)
+    if fast is not _SLOW:
+        return fast
     try:
         return copy.deepcopy(value)
     except Exception:  # uncopyable: shared, as the engine's own object
         return value
+
+
+_SLOW = object()  # _copy_plain's "not mine: deepcopy it"
+
+
+def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
+    """``copy.deepcopy(value)`` for immutable scalars, plain dense tensors and
+    tuples/lists of them, or ``_SLOW``. ``Tensor.__deepcopy__`` goes through
+    typed-storage wrappers and ``copy``'s memo in Python: three times the
+    cost, and drawn tensors were most of the copies (a copy per rank but one
+    of every drawn value). Same result: each storage copied once per value
+    (views drawn together stay views of one copy), offset, strides and
+    ``requires_grad`` kept."""
+    import torch
+
+    if isinstance(value, _IMMUTABLE):
+        return value
+    t = type(value)
+    if t is torch.Tensor:
+        if (value.layout != torch.strided or value.is_quantized or value.is_meta
+                or value.grad is not None or value.is_conj() or value.is_neg()
+                or value.__dict__ or value.grad_fn is not None):
+            return _SLOW
+        src = value.untyped_storage()
+        key = src.data_ptr() if src.nbytes() else None
+        storage = storages.get(key) if key is not None else None
+        if storage is None:
+            storage = src.clone()
+            if key is not None:
+                storages[key] = storage
+        out = torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            storage, value.storage_offset(), value.size(), value.stride())
+        if value.requires_grad:
+            out.requires_grad_()
+        return out
+    if (t is tuple or t is list) and depth < 8:
+        items = [_copy_plain(v, storages, depth + 1) for v in value]
+        if any(v is _SLOW for v in items):
+            return _SLOW
+        return t(items)
+    return _SLOW
 
 
 _DRAWER = threading.local()  # entry: (shared draws, slot) while this thread draws
@@ -143,7 +188,7 @@ class _Slot:
         self.end = -1  # len(nodes) when the draw ended
         self.done = False
         self.error: BaseException | None = None
-        self.text = ""
+        self.text: str | int = ""  # the draw's number: its value's repr, made when needed
         self.value: Any = None
         self.plain = False  # the value holds no rank state: the others copy it
         self.blocked = False  # the drawer waits for the other ranks inside its draw
@@ -167,7 +212,8 @@ class _SharedDraws:
 
     @property
     def texts(self) -> list[str]:
-        return [s.text for s in self.slots if s.text]
+        return [f"draw {s.text}: {s.value!r}"[:300] if type(s.text) is int else s.text
+                for s in self.slots if s.text]
 
     def for_rank(self, rank: int) -> _RankData:
         return _RankData(self, rank)
@@ -197,9 +243,15 @@ class _SharedDraws:
             try:
                 with _current_build_context.with_value(self.context):
                     value = self.real.draw(strategy, label)
-                slot.text = f"draw {k + 1}: {value!r}"[:300]
                 slot.value, slot.plain = value, _plain(value)
-                return value
+                if not slot.plain:
+                    slot.text = f"draw {k + 1}: {value!r}"[:300]
+                    return value
+                # The drawer gets a copy too: the slot keeps the value as
+                # drawn, printed only if the example fails (a tensor's repr
+                # cost more than the copy, on every draw).
+                slot.text = k + 1
+                return _private(value)
             except BaseException as e:
                 slot.error = e
                 raise
@@ -387,13 +439,16 @@ class SimFanout:
 
         outs = self.world.run(on_rank, left)
         self.examples += 1
-        text = "; ".join(t for t in (
-            ", ".join(f"{k}={v!r}" for k, v in sorted(drawn.items())),
-            *(t for s in shared.values() for t in s.texts)) if t)[:1500]
+
+        def texts() -> str:  # only for a report: reprs of tensors are slow
+            return "; ".join(t for t in (
+                ", ".join(f"{k}={v!r}" for k, v in sorted(drawn.items())),
+                *(t for s in shared.values() for t in s.texts)) if t)[:1500]
+
         hung = [o.rank for o in outs if o.hung]
         if hung:
             raise SimDivergence(f"{self.item.nodeid}: rank(s) {hung} of the simulated "
-                                f"{self.n}-rank world hung on example: {text}. {self.replay}")
+                                f"{self.n}-rank world hung on example: {texts()}. {self.replay}")
         for s in shared.values():
             off = [r for r, c in enumerate(s.counts) if c != s.counts[0]]
             if off and not any(o.error is not None for o in outs):
@@ -405,7 +460,7 @@ class SimFanout:
                   and not isinstance(o.error, UnsatisfiedAssumption)]
         if failed:
             lines = [f"example failed on rank(s) {[o.rank for o in failed]} of "
-                     f"{list(range(self.n))} (simulated world): {text}"]
+                     f"{list(range(self.n))} (simulated world): {texts()}"]
             for o in failed[:4]:
                 err = o.error
                 tb = "".join(traceback.format_exception(type(err), err, err.__traceback__,

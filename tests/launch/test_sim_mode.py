@@ -218,3 +218,68 @@ def test_a_malformed_smaller_worlds_hook_answer_names_the_hook(answer) -> None:
         mode._variants(item, 4)
     mode.config.hook.pytest_dist_sim_smaller_worlds = lambda item, size: [[2, "t.py::x[2ranks]", {"A": "1"}]]
     assert mode._variants(item, 4) == [(2, "t.py::x[2ranks]", {"A": "1"})]
+
+
+def test_plain_copies_equal_deepcopy_views_and_leaves_included() -> None:
+    """The fan-out's fast copy of drawn tensors gives what ``copy.deepcopy``
+    gives: values, offsets and strides, views drawn together still sharing
+    one (new) storage, ``requires_grad`` leaves; anything else is left to
+    ``deepcopy`` (a tensor with a gradient, a subclass, a dict)."""
+    import copy
+
+    import torch
+
+    from launch.sim_fanout import _SLOW, _copy_plain, _private
+
+    base = torch.arange(12.0).reshape(3, 4)
+    leaf = torch.ones(2, requires_grad=True)
+    value = (base, base.t(), [base[1:, 2:], torch.empty(0, 3)], 7, leaf)
+    mine, theirs = _private(value), copy.deepcopy(value)
+    flat = lambda v: [v[0], v[1], v[2][0], v[2][1], v[4]]  # noqa: E731
+    for a, b, orig in zip(flat(mine), flat(theirs), flat(value), strict=True):
+        assert type(a) is torch.Tensor and torch.equal(a, b)
+        assert (a.stride(), a.storage_offset(), a.requires_grad, a.is_leaf) == \
+               (b.stride(), b.storage_offset(), b.requires_grad, b.is_leaf)
+        assert orig.numel() == 0 or a.untyped_storage().data_ptr() != orig.untyped_storage().data_ptr()
+    assert type(mine) is tuple and type(mine[2]) is list and mine[3] == 7
+    # views of one drawn storage share one copy, as deepcopy's memo makes them
+    ptrs = {t.untyped_storage().data_ptr() for t in flat(mine)[:3]}
+    assert len(ptrs) == 1
+    mine[0].add_(100)
+    assert torch.equal(mine[1], mine[0].t()) and torch.equal(base, torch.arange(12.0).reshape(3, 4))
+
+    with_grad = torch.ones(2, requires_grad=True)
+    with_grad.grad = torch.ones(2)
+
+    class Sub(torch.Tensor):
+        pass
+
+    for other in (with_grad, torch.ones(2).as_subclass(Sub), {"a": torch.ones(1)},
+                  (torch.ones(1), object())):
+        assert _copy_plain(other, {}, 0) is _SLOW, other
+
+
+REPORTED = """
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+
+@pytest.mark.world_size(2)
+@settings(max_examples=5, database=None)
+@given(data=st.data())
+def test_mutates_what_it_drew(world, data):
+    x = data.draw(st.just(0).map(lambda _: torch.tensor([5.0, 6.0])))
+    x.mul_(100)  # the report must show the draw, not this
+    assert world.rank == 0
+"""
+
+
+def test_a_failure_reports_body_draws_as_drawn(child) -> None:
+    """A failing simulated example names its body draws as they were drawn,
+    even when a rank (the drawer included) changed its copy in place."""
+    r = child({"test_r.py": REPORTED}, "-m", "pytest", "--dist-sim", "--dist-timeout", "60",
+              "-p", "no:cacheprovider", "-q", "test_r.py", timeout=300)
+    assert r.rc == 1, r.out
+    assert "example failed on rank(s) [1] of [0, 1] (simulated world): draw 1: tensor([5., 6.])" \
+        in r.out, r.out
