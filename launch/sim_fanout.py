@@ -54,6 +54,8 @@ from typing import Any
 
 import pytest
 
+from launch.sim import turn
+
 __all__ = ["SimDivergence", "SimFanout", "SimRankFailure"]
 
 _TIMING_CHECKS = ("too_slow", "differing_executors", "function_scoped_fixture")
@@ -120,8 +122,42 @@ def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
         items = [_copy_plain(v, storages, depth + 1) for v in value]
         if any(v is _SLOW for v in items):
             return _SLOW
+        if t is tuple and all(a is b for a, b in zip(items, value)):
+            return value  # as deepcopy: a tuple of shared values is itself shared
         return t(items)
+    fields = _frozen_fields(t)
+    if fields is None:
+        return value if t in _ATOMIC else _SLOW
+    # A frozen dataclass of values that need no copy (placements, layouts,
+    # op cases) is itself one: shared, where deepcopy rebuilt it field by field.
+    if depth < 8 and all(_copy_plain(getattr(value, f), storages, depth + 1)
+                         is getattr(value, f) for f in fields):
+        return value
     return _SLOW
+
+
+_ATOMIC: set = set()  # types whose values are immutable: filled on first use
+_FROZEN: dict = {}  # type -> its field names if a frozen dataclass, else None
+
+
+def _frozen_fields(t: type) -> tuple[str, ...] | None:
+    if t not in _FROZEN:
+        import dataclasses
+        import enum
+        import types
+
+        import torch
+
+        if not _ATOMIC:
+            _ATOMIC.update((torch.dtype, torch.device, torch.layout, torch.memory_format,
+                            types.FunctionType, types.BuiltinFunctionType,
+                            torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+        if issubclass(t, enum.Enum):
+            _ATOMIC.add(t)
+        params = getattr(t, "__dataclass_params__", None)
+        _FROZEN[t] = (tuple(f.name for f in dataclasses.fields(t))
+                      if params is not None and params.frozen else None)
+    return _FROZEN[t]
 
 
 _DRAWER = threading.local()  # entry: (shared draws, slot) while this thread draws
@@ -207,6 +243,12 @@ class _SharedDraws:
     def __init__(self, real: Any, context: Any, n: int, timeout: float) -> None:
         self.real, self.context, self.timeout = real, context, timeout
         self.cond = threading.Condition()
+        # Same lock, other waiters: only ranks replaying a draw wait for each
+        # new choice. Waking the copying ranks on every choice too (3 ranks x
+        # ~30 choices an example, each a futile wake-up and two thread
+        # switches) was most of the simulated suite's ~240 context switches
+        # per example.
+        self.new_choice = threading.Condition(self.cond._lock)  # type: ignore[attr-defined]
         self.slots: list[_Slot] = []
         self.counts = [0] * n
 
@@ -232,7 +274,7 @@ class _SharedDraws:
                     # Stays for the rest of the example: swapping it back after
                     # a draw raced the next draw's drawer, whose choices then
                     # went to a list nobody watched.
-                    cd._nodes = _Announcing(cd._nodes, self.cond)
+                    cd._nodes = _Announcing(cd._nodes, self.new_choice)
                 nodes = cd._nodes
                 slot = _Slot(nodes, len(nodes))
                 self.slots.append(slot)
@@ -260,6 +302,7 @@ class _SharedDraws:
                 with self.cond:
                     slot.end, slot.done = len(slot.nodes), True
                     self.cond.notify_all()
+                    self.new_choice.notify_all()
         # NOTE: a value that holds no rank state (numbers, shapes, placements,
         # plain tensors, frozen dataclasses of them) is copied from the
         # drawer's, as the engine's own arguments are (_private): replaying
@@ -267,14 +310,14 @@ class _SharedDraws:
         # third of the GIL's at 4 ranks). A draw that waits for the other
         # ranks (a mesh makes groups with all of them) or takes long is
         # replayed side by side as before, so nothing waits on itself.
-        with self.cond:
+        with turn.waiting(), self.cond:
             self.cond.wait_for(lambda: slot.done or slot.blocked, timeout=_COPY_WAIT_S)
             copy_it = slot.done and slot.plain and slot.error is None
         if copy_it:
             return _private(slot.value)
         replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
         value = replay.draw(strategy)
-        with self.cond:  # the replay must use exactly the drawer's choices
+        with turn.waiting(), self.cond:  # the replay must use exactly the drawer's choices
             while not slot.done:
                 self.cond.wait(1.0)
         if slot.error is None and len(replay.nodes) != slot.end - slot.start:
@@ -287,8 +330,8 @@ class _SharedDraws:
         ``slot`` (waiting for it to be made), and the offset after it. Forced
         choices are the strategy's own, made again by the replay."""
         end = time.monotonic() + self.timeout
-        with self.cond:
-            while True:
+        while True:
+            with self.cond:
                 stop = slot.end if slot.done else len(slot.nodes)
                 while slot.start + i < stop and slot.nodes[slot.start + i].was_forced:
                     i += 1
@@ -302,7 +345,11 @@ class _SharedDraws:
                 left = end - time.monotonic()
                 if left <= 0:
                     raise SimDivergence("a replayed draw waited too long for the engine")
-                self.cond.wait(min(left, 1.0))
+            # The turn is given up outside the lock (a rank holding the turn
+            # may be about to take the lock); the choice may have come since.
+            with turn.waiting(), self.cond:
+                if not slot.done and slot.start + i >= len(slot.nodes):
+                    self.new_choice.wait(min(left, 1.0))
 
 
 class _Announcing(list):

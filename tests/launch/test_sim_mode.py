@@ -283,3 +283,44 @@ def test_a_failure_reports_body_draws_as_drawn(child) -> None:
     assert r.rc == 1, r.out
     assert "example failed on rank(s) [1] of [0, 1] (simulated world): draw 1: tensor([5., 6.])" \
         in r.out, r.out
+
+
+def test_plain_copies_share_immutable_values_as_deepcopy_does() -> None:
+    """Frozen dataclasses of immutable fields (placements, layouts), tuples
+    of them, dtypes and functions are shared, not rebuilt; a frozen
+    dataclass holding a tensor, and a mutable dataclass, are copied."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from dtensor import Partial, Replicate, Shard
+    from launch.sim_fanout import _private
+
+    @dataclasses.dataclass(frozen=True)
+    class Case:
+        name: str
+        shape: tuple
+        fn: object
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        x: torch.Tensor
+
+    @dataclasses.dataclass
+    class Loose:
+        n: int
+
+    pls = (Shard(0), Replicate(), Partial("max"))
+    case = Case("add", (2, 3), torch.add)
+    value = (pls, case, torch.float16, [case])
+    mine = _private(value)
+    assert mine[0] is pls and mine[1] is case and mine[2] is torch.float16
+    assert mine[3] is not value[3] and mine[3][0] is case  # a list is copied
+    assert mine == copy.deepcopy(value)
+    held = Holder(torch.ones(2))
+    other = _private(held)
+    assert other is not held and torch.equal(other.x, held.x)
+    assert other.x.untyped_storage().data_ptr() != held.x.untyped_storage().data_ptr()
+    loose = Loose(3)
+    assert _private(loose) is not loose and _private(loose) == loose
