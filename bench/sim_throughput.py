@@ -13,6 +13,13 @@ include starting the world (a real world's start-up is part of its cost).
     python bench/sim_throughput.py --files tests/properties --sim-workers 2  # xdist, 2 cores
     DTENSOR_MUTANT=gather_drops_last_uneven_shard python bench/sim_throughput.py --ranks 2
 
+Only tests that run in a world (``world_size``-marked) are timed, on both
+sides: the two self-tests in ``tests/properties/test_lockstep_plugin.py``
+start their own 2-rank torchrun world in a subprocess, take the same ~9 s
+whatever the mode, hold none of the counted examples and are skipped in the
+main job's torchrun world. ``--all-tests`` times the whole files instead
+(this script's measure up to stop 34).
+
 It also compares every test's verdict (junit) between the two runs: the
 simulated world must pass and fail exactly the tests the real one does.
 
@@ -87,10 +94,15 @@ def main() -> None:
                     help="xdist workers for the simulated run (-n); each hosts its tests' "
                          "simulated worlds. A real 4-rank world already keeps 2 cores busy")
     ap.add_argument("--lock", default=None, help="flock this file around each pytest run")
+    ap.add_argument("--all-tests", action="store_true",
+                    help="also time the tests that run in no world (see the docstring)")
     a = ap.parse_args()
+    only = [] if a.all_tests else ["-m", "world_size"]
     if a.lock:
         LOCK.append(a.lock)
     n = str(a.ranks)
+    print("tests timed: " + ("all of them" if a.all_tests else
+                             "those that run in a world (-m world_size)") + "\n")
     print("| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
     tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
     if a.sim_workers < 1:
@@ -98,13 +110,13 @@ def main() -> None:
     # worksteal: the property files end in long tests (child runs of the
     # lockstep self-tests); plain load scheduling left one worker idle there.
     workers = ["-n", str(a.sim_workers), "--dist", "worksteal"] if a.sim_workers > 1 else []
-    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers], f"{tmp}/sim.xml")
+    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers, *only], f"{tmp}/sim.xml")
     ex = _examples(sim_out)
     rate = ex / sim_s if ex else float("nan")
     label = "simulated" + (f" (-n {a.sim_workers})" if workers else "")
     print(f"| {label} | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
     if not a.skip_real:
-        real_s, real_out, _ = _pytest(a.files, n, [], f"{tmp}/real.xml")
+        real_s, real_out, _ = _pytest(a.files, n, only, f"{tmp}/real.xml")
         real_rate = ex / real_s if ex else float("nan")
         print(f"| real (Gloo) | {n} | {real_s:.1f} | {ex} | {real_rate:.1f} | "
               f"{_summary(real_out)} |")
@@ -116,7 +128,7 @@ def main() -> None:
               + "".join(f"\n  {k}: {v}" for k, v in sorted(differ.items())))
     if a.big:
         big_s, big_out, rc = _pytest(["tests/properties"], str(a.big),
-                                     ["--dist-sim", f"--dist-sim-examples={a.examples}"])
+                                     ["--dist-sim", f"--dist-sim-examples={a.examples}", *only])
         print(f"\n{a.big}-rank simulated run of every property, {a.examples} examples each: "
               f"{big_s:.0f} s, {_examples(big_out)} examples, {_summary(big_out)} (exit {rc})")
         if rc:

@@ -122,7 +122,7 @@ def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
         items = [_copy_plain(v, storages, depth + 1) for v in value]
         if any(v is _SLOW for v in items):
             return _SLOW
-        if t is tuple and all(a is b for a, b in zip(items, value)):
+        if t is tuple and all(a is b for a, b in zip(items, value, strict=True)):
             return value  # as deepcopy: a tuple of shared values is itself shared
         return t(items)
     fields = _frozen_fields(t)
