@@ -133,3 +133,68 @@ def test_on_wait_refuses_a_non_callable() -> None:
 
     with pytest.raises(TypeError, match="expected a callable taking no arguments, got 3"):
         on_wait(3)
+
+
+def test_one_rank_runs_at_a_time_until_it_waits_for_the_others() -> None:
+    """Between two collectives a rank runs alone: another rank's body never
+    interleaves with it, though each gives up the GIL inside (a sleep, a
+    torch op); at the collective the turn passes on and everyone finishes."""
+    import threading
+    import time
+
+    log: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def body(rank: int) -> float:
+        for phase in ("a", "b"):
+            with lock:
+                log.append((rank, phase + "-start"))
+            for _ in range(3):
+                time.sleep(0.002)  # gives up the GIL, not the turn
+                torch.ones(64).sum()
+            with lock:
+                log.append((rank, phase + "-end"))
+            t = torch.ones(1)
+            dist.all_reduce(t)  # a wait for the others: the turn passes on
+        return t.item()
+
+    w = SimWorld(4)
+    try:
+        outs = _run(w, body)
+        assert [o.value for o in outs] == [4.0] * 4, [o.error for o in outs]
+    finally:
+        with entered():
+            w.close()
+    assert len(log) == 16
+    for i in range(0, 16, 2):  # every start is followed by its own end
+        (r0, s0), (r1, s1) = log[i], log[i + 1]
+        assert r0 == r1 and s0.endswith("start") and s1 == s0[0] + "-end", log
+
+
+def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
+    """A rank that waits, holding the turn, for something only another rank
+    does (here a plain ``threading.Event``, which the simulator does not
+    know of) must not hang the world: once the turn has not changed hands
+    for a while, the waiting ranks run without it."""
+    import threading
+
+    from launch import sim
+
+    here = [threading.Event(), threading.Event()]
+
+    def body(rank: int) -> int:
+        # Whichever rank runs first waits, holding the turn, for the other.
+        here[rank].set()
+        if not here[1 - rank].wait(timeout=30):
+            raise AssertionError(f"rank {1 - rank} never ran while rank {rank} waited")
+        return rank
+
+    w = SimWorld(2)
+    before = sim.turn.missed
+    try:
+        outs = _run(w, body, timeout=60)
+    finally:
+        with entered():
+            w.close()
+    assert [o.value for o in outs] == [0, 1], [o.error for o in outs]
+    assert sim.turn.missed > before
