@@ -310,16 +310,23 @@ class _SharedDraws:
         # third of the GIL's at 4 ranks). A draw that waits for the other
         # ranks (a mesh makes groups with all of them) or takes long is
         # replayed side by side as before, so nothing waits on itself.
-        with turn.waiting(), self.cond:
-            self.cond.wait_for(lambda: slot.done or slot.blocked, timeout=_COPY_WAIT_S)
+        # The turn is given up only for a real wait: the drawer usually ran
+        # first and is done, and a needless hand-off costs two thread switches.
+        with self.cond:
+            ready = slot.done or slot.blocked
+        if not ready:
+            with turn.waiting(), self.cond:
+                self.cond.wait_for(lambda: slot.done or slot.blocked, timeout=_COPY_WAIT_S)
+        with self.cond:
             copy_it = slot.done and slot.plain and slot.error is None
         if copy_it:
             return _private(slot.value)
         replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
         value = replay.draw(strategy)
-        with turn.waiting(), self.cond:  # the replay must use exactly the drawer's choices
-            while not slot.done:
-                self.cond.wait(1.0)
+        if not slot.done:  # the replay must use exactly the drawer's choices
+            with turn.waiting(), self.cond:
+                while not slot.done:
+                    self.cond.wait(1.0)
         if slot.error is None and len(replay.nodes) != slot.end - slot.start:
             raise SimDivergence(f"rank {rank}'s draw {k + 1} made {len(replay.nodes)} "
                                 f"choices, the engine's {slot.end - slot.start}")
