@@ -136,8 +136,21 @@ def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
     return _SLOW
 
 
-_ATOMIC: set = set()  # types whose values are immutable: filled on first use
+_TORCH_ATOMIC: set = set()  # dtypes, devices, ops...: immutable, filled on first use
+_ATOMIC: set = set()  # those, functions (deepcopy shares them) and enums seen
 _FROZEN: dict = {}  # type -> its field names if a frozen dataclass, else None
+
+
+def _torch_atomic() -> set:
+    if not _TORCH_ATOMIC:
+        import types
+
+        import torch
+
+        _TORCH_ATOMIC.update((torch.dtype, torch.device, torch.layout, torch.memory_format,
+                              types.BuiltinFunctionType, torch._ops.OpOverload,
+                              torch._ops.OpOverloadPacket))
+    return _TORCH_ATOMIC
 
 
 def _frozen_fields(t: type) -> tuple[str, ...] | None:
@@ -146,12 +159,8 @@ def _frozen_fields(t: type) -> tuple[str, ...] | None:
         import enum
         import types
 
-        import torch
-
         if not _ATOMIC:
-            _ATOMIC.update((torch.dtype, torch.device, torch.layout, torch.memory_format,
-                            types.FunctionType, types.BuiltinFunctionType,
-                            torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+            _ATOMIC.update(_torch_atomic(), (types.FunctionType,))
         if issubclass(t, enum.Enum):
             _ATOMIC.add(t)
         params = getattr(t, "__dataclass_params__", None)
@@ -189,8 +198,7 @@ def _plain(value: Any, depth: int = 0) -> bool:
     if depth > 20:
         return False
     t = type(value)
-    if isinstance(value, _IMMUTABLE) or t in (torch.dtype, torch.device, torch.layout,
-                                              torch.memory_format, slice):
+    if isinstance(value, _IMMUTABLE) or t is slice or t in _torch_atomic():
         return True
     if isinstance(value, enum.Enum):
         return True
@@ -202,8 +210,6 @@ def _plain(value: Any, depth: int = 0) -> bool:
         return True
     if t is types.FunctionType:
         return value.__closure__ is None
-    if t in (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket):
-        return True
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return all(_plain(getattr(value, f.name), depth + 1)
                    for f in dataclasses.fields(value))
