@@ -91,11 +91,18 @@ on_world_end = _on_world_end.append  # callback() after dist.destroy_process_gro
 _ended: list[bool] = []  # a group was destroyed in this process (the exit hook's cue)
 
 
+def _is_threaded(group) -> bool:
+    # PyTorch's threaded process group (a simulated world's ranks as threads)
+    return type(group).__name__ == "ProcessLocalGroup"
+
+
 def _wrap_destroy(destroy):
     def destroy_process_group(group=None):
         target = group if group is not None else dist.distributed_c10d._world.default_pg
+        threaded = _is_threaded(target)
         destroy(group)
-        _ended.append(True)  # never the group: holding it would keep its workers alive
+        if not threaded:  # a threaded group (ranks as threads) has no workers to drain
+            _ended.append(True)  # never the group: holding it would keep its workers alive
         with _groups_lock:
             for key, (world, groups, _lock, destroyed) in list(_groups.items()):
                 if world is target:  # the world ended, and its groups with it

@@ -5,6 +5,8 @@ lockstep across them, failures with simulated and real Replay lines, and
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 SUITE = """
@@ -324,3 +326,58 @@ def test_plain_copies_share_immutable_values_as_deepcopy_does() -> None:
     assert other.x.untyped_storage().data_ptr() != held.x.untyped_storage().data_ptr()
     loose = Loose(3)
     assert _private(loose) is not loose and _private(loose) == loose
+
+
+FROZEN_A = """
+import gc
+
+import pytest
+import torch.distributed as dist
+
+import dtensor  # noqa: F401  (its hook on the end of a world)
+
+
+@pytest.mark.world_size(2)
+def test_first_module(world):
+    dist.barrier()
+    print(f"FROZEN_A {gc.get_freeze_count()}")
+"""
+
+FROZEN_B = """
+import gc
+
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_second_module(world):
+    print(f"FROZEN_B {gc.get_freeze_count()}")
+"""
+
+ENDED = """
+def pytest_unconfigure(config):
+    from dtensor import _groups
+
+    # The simulated worlds ended (session end): a threaded group leaves no
+    # transport workers to drain at exit, so the exit hook's cue stays unset.
+    print(f"ENDED {len(_groups._ended)}")
+"""
+
+
+def test_the_simulating_process_freezes_its_heap_between_modules(child) -> None:
+    """After collection and between test modules the simulating process
+    keeps what is alive out of the cyclic collector's scans (ranks' and
+    imports' objects: a second of every full collection), and more is frozen
+    once the first module's imports are in; a simulated world's end does not
+    arm the exit hook that drains Gloo's workers (a 0.1 s wait and a full
+    collection at every worker's exit)."""
+    r = child({"test_a.py": FROZEN_A, "test_b.py": FROZEN_B, "ended.py": ENDED}, "-m",
+              "pytest", "--dist-sim", "-p", "no:cacheprovider", "-p", "ended", "-s", "-q",
+              "test_a.py", "test_b.py")
+    assert r.rc == 0, r.out
+    a = [int(n) for n in re.findall(r"FROZEN_A (\d+)", r.out)]
+    b = [int(n) for n in re.findall(r"FROZEN_B (\d+)", r.out)]
+    assert len(a) == 2 and len(b) == 2, r.out  # one line per rank
+    assert min(a) > 10_000, r.out  # torch, hypothesis, the plugin: frozen after collection
+    assert min(b) > max(a), r.out  # and again after module a
+    assert "ENDED 0" in r.out, r.out
