@@ -25,11 +25,12 @@ abandoned) before the next call.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import queue
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,17 @@ def _waiting() -> None:
         hook()
 
 
+class _Waiter:
+    """One thread's place in the turn's queue: woken only when handed the turn."""
+
+    __slots__ = ("event", "granted", "parked")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.granted = False  # handed the turn, not yet noticed
+        self.parked = False  # waits for other ranks (a collective, a task), not for the turn
+
+
 class _Turn:
     """Which rank thread runs: one at a time, until it waits for the others.
 
@@ -91,37 +103,62 @@ class _Turn:
     rank (a collective, a group's barrier, a shared draw, the end of its
     task), so a rank runs until it needs the others, as a real rank does.
 
-    A rank that waits ``_TURN_WAIT_S`` for the turn while no rank gets it
-    runs without it: a wait this module does not know of (a store read
-    inside torch) costs that long at worst, never a hang. ``missed``
-    counts them. (A fixed limit instead let a 64-rank world's ranks, queued
-    behind each other, run without the turn ~2,000 times a suite.)
+    The turn goes from hand to hand: ``give`` wakes exactly the next thread
+    in line (first come, first served), and a thread whose wait for the
+    other ranks ends (``unpark``: a collective done, a task posted) joins
+    the line without being woken. (A lock all waiters raced for woke every
+    rank at the end of a collective to find the turn taken: ~23 thread
+    switches and ~450 us of CPU per 4-rank all-reduce, against ~4.)
+
+    A thread that waits ``_TURN_WAIT_S`` in line while no thread gets the
+    turn runs without it: a wait this module does not know of (a store read
+    inside torch) costs that long at worst, never a hang. ``missed`` counts
+    them. (A fixed limit instead let a 64-rank world's ranks, queued behind
+    each other, run without the turn ~2,000 times a suite.)
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._holder: _Waiter | None = None
+        self._line: collections.deque[_Waiter] = collections.deque()
         self._mine = threading.local()
         self.missed = 0
         self.handoffs = 0  # turns taken: a wait is over only while nobody gets one
 
+    def me(self) -> _Waiter:
+        """This thread's waiter."""
+        w = getattr(self._mine, "w", None)
+        if w is None:
+            w = self._mine.w = _Waiter()
+        return w
+
+    def _hand(self, w: _Waiter) -> None:  # under _lock
+        self._holder = w
+        self.handoffs += 1
+        w.granted = True
+        w.event.set()
+
     def take(self) -> None:
-        if getattr(self._mine, "held", False):
-            return
-        while True:
-            seen = self.handoffs
-            got = self._lock.acquire(timeout=_TURN_WAIT_S)
-            if got or self.handoffs == seen:  # no rank got the turn meanwhile: stuck
-                break
-        self._mine.held = got
-        if got:
-            self.handoffs += 1
-        else:
-            self.missed += 1
+        w = self.me()
+        with self._lock:
+            if self._holder is w:
+                return
+            if self._holder is None:
+                self._holder = w
+                self.handoffs += 1
+                return
+            self._line.append(w)
+        self._await(w, None)
 
     def give(self) -> None:
-        if getattr(self._mine, "held", False):
-            self._mine.held = False
-            self._lock.release()
+        w = self.me()
+        with self._lock:
+            if self._holder is not w:
+                return
+            if self._line:
+                self._hand(self._line.popleft())
+            else:
+                self._holder = None
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -132,26 +169,104 @@ class _Turn:
         finally:
             self.take()
 
+    def park(self) -> _Waiter:
+        """Mark this thread as waiting for the others; ``unpark`` ends it."""
+        w = self.me()
+        w.parked = True
+        return w
+
+    def unpark(self, waiters: Iterable[_Waiter]) -> None:
+        """Their waits are over: they join the line (the first is handed a
+        free turn), each woken only when its turn comes."""
+        with self._lock:
+            for w in waiters:
+                if w.parked:
+                    w.parked = False
+                    self._line.append(w)
+            if self._holder is None and self._line:
+                self._hand(self._line.popleft())
+
+    def wait_parked(self, w: _Waiter, released: Callable[[], bool]) -> None:
+        """Give the turn up, then sleep until unparked and handed the turn
+        (or, parked still, until ``released()``: then without the turn)."""
+        self.give()
+        self._await(w, released)
+
+    def _await(self, w: _Waiter, released: Callable[[], bool] | None) -> None:
+        while True:
+            seen = self.handoffs
+            w.event.wait(_PARKED_POLL_S if w.parked else _TURN_WAIT_S)
+            with self._lock:
+                if w.granted:
+                    w.granted = False
+                    w.event.clear()
+                    return
+                if w.parked:
+                    if released is not None and released():
+                        w.parked = False
+                        return
+                    continue
+                if self.handoffs == seen:  # nobody got the turn meanwhile: stuck
+                    self._line.remove(w)
+                    self.missed += 1
+                    return
+
 
 _TURN_WAIT_S = 0.05
+_PARKED_POLL_S = 1.0  # a parked thread is woken by unpark; this is a safety net
 turn = _Turn()
 
 
-def _hook_waits(mtpg: Any) -> tuple:
-    """Wrap the threaded group's two ways of waiting for the other ranks."""
-    join, barrier = mtpg.Collective.join, mtpg._store_based_barrier
+def _sim_join(self: Any, rank: int, data: Any) -> Any:
+    """The threaded group's ``Collective.join`` with the turn: the last rank to
+    arrive moves the data (the collective's own ``work``), then goes on; the
+    others sleep until the turn reaches them. (Torch's has rank 0 wait for
+    all and do the work, then wakes every rank at once.)"""
+    from torch.testing._internal.distributed.multi_threaded_pg import ret_work
 
-    def hooked_join(self: Any, rank: int, data: Any) -> Any:
-        _waiting()
-        with turn.waiting():
-            return join(self, rank, data)
+    _waiting()
+    terminated = self._pg._terminate.is_set
+    me = turn.me()
+    with self._start_cond:
+        self._data[rank] = data
+        self._count += 1
+        last = self._count == self._world_size
+        if not last:
+            turn.park()
+            self.__dict__.setdefault("_sim_parked", []).append(me)
+    if last:
+        if terminated():
+            sys.exit("Test termination event occurs.")
+        self._collective.work(self._data)
+        with self._done_cond:
+            self._done = True
+            self._done_cond.notify_all()
+        turn.unpark(self.__dict__.get("_sim_parked", ()))
+    else:
+        turn.wait_parked(me, terminated)
+        if not self._done:  # released: another rank failed or the world timed out
+            sys.exit("Test termination event occurs.")
+        # Done is done: a rank that fails after it moved the data (and so
+        # releases the world) must not take the others' finished results away.
+    return ret_work(data)
+
+
+def _unpark_collectives(group_cls: Any) -> None:
+    """Wake every rank parked in a collective (after ``exception_handle``)."""
+    for coll in list(group_cls._cur_coll_on_pgs.values()):
+        turn.unpark(coll.__dict__.get("_sim_parked", ()))
+
+
+def _hook_waits(mtpg: Any) -> tuple:
+    """Replace the threaded group's two ways of waiting for the other ranks."""
+    join, barrier = mtpg.Collective.join, mtpg._store_based_barrier
 
     def hooked_barrier(*args: Any, **kwargs: Any) -> Any:
         _waiting()
         with turn.waiting():
             return barrier(*args, **kwargs)
 
-    mtpg.Collective.join = hooked_join
+    mtpg.Collective.join = _sim_join
     mtpg._store_based_barrier = hooked_barrier
     return join, barrier
 
@@ -258,8 +373,14 @@ class SimWorld:
         self.rank_init = rank_init  # called as rank_init(rank, n) on each rank thread
         self.tag = f"sim{SimWorld._generation}"
         self.broken: str | None = None
-        self._inbox: list[queue.Queue] = [queue.Queue() for _ in range(n)]
-        self._outbox: queue.Queue = queue.Queue()
+        # A task waits in _pending; a rank with none is parked in _idle until
+        # run() hands it one. Outcomes of the current task gather in _outs.
+        self._tasks_lock = threading.Lock()
+        self._pending: list[Any] = [None] * n
+        self._idle: list[_Waiter | None] = [None] * n
+        self._outs_cond = threading.Condition()
+        self._outs: dict[int, Outcome] = {}
+        self._outs_seq = 0
         self._threads: list[threading.Thread] = []
         self._started = False
 
@@ -291,16 +412,16 @@ class SimWorld:
             except BaseException as e:
                 init_error = e
         while True:
-            turn.give()  # held since a barrier in init, or after a task's last wait
-            task = self._inbox[rank].get()
+            task = self._next_task(rank)
             if task is _STOP:
+                turn.give()
                 break
             seq, fn = task
             out = Outcome(rank)
             if init_error is not None:
                 out.error = init_error
+                turn.give()
             else:
-                turn.take()
                 try:
                     out.value = fn(rank)
                 except SystemExit as e:  # the threaded group's release of waiters
@@ -315,8 +436,30 @@ class SimWorld:
                     out.error = e
                 finally:
                     turn.give()
-            self._outbox.put((seq, out))
+            with self._outs_cond:
+                if seq == self._outs_seq:
+                    self._outs[rank] = out
+                    if len(self._outs) == self.n:
+                        self._outs_cond.notify()
         dist.destroy_process_group()
+
+    def _next_task(self, rank: int) -> Any:
+        """This rank's next task, with the turn (or, stuck in line, without)."""
+        me = turn.me()
+        with self._tasks_lock:
+            task = self._pending[rank]
+            if task is None:
+                turn.park()
+                self._idle[rank] = me
+        if task is None:
+            turn.wait_parked(me, _never)  # gives up the turn held since the last task
+            with self._tasks_lock:
+                task = self._pending[rank]
+        else:
+            turn.take()
+        with self._tasks_lock:
+            self._pending[rank] = None
+        return task
 
     @staticmethod
     def _release(exc: BaseException) -> None:
@@ -331,6 +474,7 @@ class SimWorld:
         # world waited for it until the deadline).
         with ProcessLocalGroup._coll_lock:
             ProcessLocalGroup.exception_handle(exc)
+            _unpark_collectives(ProcessLocalGroup)
 
     # -- running ----------------------------------------------------------------
     _seq = 0
@@ -347,26 +491,29 @@ class SimWorld:
             self._start()
         SimWorld._seq += 1
         seq = SimWorld._seq
-        for q in self._inbox:
-            q.put((seq, fn))
-        outs: dict[int, Outcome] = {}
+        with self._outs_cond:
+            self._outs, self._outs_seq = {}, seq
+        with self._tasks_lock:
+            for r in range(self.n):
+                self._pending[r] = (seq, fn)
+            idle = [w for w in self._idle if w is not None]
+            self._idle = [None] * self.n
+        turn.unpark(idle)  # in rank order: rank 0 runs first
         deadline = time.monotonic() + timeout
         released = False
-        while len(outs) < self.n:
-            left = deadline - time.monotonic()
-            if left <= 0 and not released:
-                # Release the waiters; give them a moment to come back.
-                self._release(TimeoutError("simulated world deadline"))
-                released, deadline = True, time.monotonic() + 10.0
-                continue
-            if left <= 0:
-                break
-            try:
-                s, out = self._outbox.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if s == seq:
-                outs[out.rank] = out
+        with self._outs_cond:
+            while len(self._outs) < self.n:
+                left = deadline - time.monotonic()
+                if left <= 0 and not released:
+                    # Release the waiters; give them a moment to come back.
+                    self._release(TimeoutError("simulated world deadline"))
+                    released, deadline = True, time.monotonic() + 10.0
+                    continue
+                if left <= 0:
+                    break
+                self._outs_cond.wait(timeout=min(left, 1.0))
+            outs = dict(self._outs)
+            self._outs_seq = 0  # a rank that comes back later reports to nobody
         missing = [r for r in range(self.n) if r not in outs]
         for r in missing:
             outs[r] = Outcome(r, error=TimeoutError(
@@ -384,11 +531,18 @@ class SimWorld:
 
     def close(self) -> None:
         if self._started and not self.broken:
-            for q in self._inbox:
-                q.put(_STOP)
+            with self._tasks_lock:
+                self._pending = [_STOP] * self.n
+                idle = [w for w in self._idle if w is not None]
+                self._idle = [None] * self.n
+            turn.unpark(idle)
             for t in self._threads:
                 t.join(timeout=5)
         self._started = False
+
+
+def _never() -> bool:
+    return False
 
 
 _worlds: dict[int, SimWorld] = {}
