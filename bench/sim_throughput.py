@@ -11,6 +11,7 @@ include starting the world (a real world's start-up is part of its cost).
     python bench/sim_throughput.py --files tests/properties   # the whole suite
     python bench/sim_throughput.py --big 64 --examples 2      # every property at 64 ranks
     python bench/sim_throughput.py --files tests/properties --sim-workers 2  # xdist, 2 cores
+    python bench/sim_throughput.py --files tests/properties --sim-workers 2 --repeat 3
     DTENSOR_MUTANT=gather_drops_last_uneven_shard python bench/sim_throughput.py --ranks 2
 
 Only tests that run in a world (``world_size``-marked) are timed, on both
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,6 +96,9 @@ def main() -> None:
                     help="xdist workers for the simulated run (-n); each hosts its tests' "
                          "simulated worlds. A real 4-rank world already keeps 2 cores busy")
     ap.add_argument("--lock", default=None, help="flock this file around each pytest run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the pair (simulated, then real) this many times; report the "
+                         "median ratio")
     ap.add_argument("--all-tests", action="store_true",
                     help="also time the tests that run in no world (see the docstring)")
     a = ap.parse_args()
@@ -107,20 +112,32 @@ def main() -> None:
     tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
     if a.sim_workers < 1:
         ap.error(f"--sim-workers must be >= 1, got {a.sim_workers}")
+    if a.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {a.repeat}")
     # worksteal: the property files end in long tests (child runs of the
     # lockstep self-tests); plain load scheduling left one worker idle there.
     workers = ["-n", str(a.sim_workers), "--dist", "worksteal"] if a.sim_workers > 1 else []
-    sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers, *only], f"{tmp}/sim.xml")
-    ex = _examples(sim_out)
-    rate = ex / sim_s if ex else float("nan")
     label = "simulated" + (f" (-n {a.sim_workers})" if workers else "")
-    print(f"| {label} | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
-    if not a.skip_real:
-        real_s, real_out, _ = _pytest(a.files, n, only, f"{tmp}/real.xml")
+    ratios: list[float] = []
+    for i in range(a.repeat):
+        # Alternate the two sides: this shared machine's speed drifts by ~10%
+        # over minutes, so each ratio comes from runs seconds apart.
+        junit = (lambda side: f"{tmp}/{side}.xml") if i == 0 else (lambda side: None)
+        sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers, *only], junit("sim"))
+        ex = _examples(sim_out)
+        rate = ex / sim_s if ex else float("nan")
+        print(f"| {label} | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
+        if a.skip_real:
+            continue
+        real_s, real_out, _ = _pytest(a.files, n, only, junit("real"))
         real_rate = ex / real_s if ex else float("nan")
         print(f"| real (Gloo) | {n} | {real_s:.1f} | {ex} | {real_rate:.1f} | "
               f"{_summary(real_out)} |")
-        print(f"\nsimulated / real examples per second: {real_s / sim_s:.2f}x")
+        ratios.append(real_s / sim_s)
+    if ratios:
+        each = ", ".join(f"{r:.2f}x" for r in ratios)
+        print(f"\nsimulated / real examples per second: {statistics.median(ratios):.2f}x"
+              + (f" (median of {len(ratios)} pairs: {each})" if len(ratios) > 1 else ""))
         sim_v, real_v = verdicts(f"{tmp}/sim.xml"), verdicts(f"{tmp}/real.xml")
         differ = {k: (sim_v.get(k), real_v.get(k)) for k in sim_v.keys() | real_v.keys()
                   if sim_v.get(k) != real_v.get(k)}
