@@ -288,3 +288,29 @@ def test_block_classes_and_reference_blocks():
     assert reference_block((3,), (4,), (Shard(0),), (3,))[0].numel() == 0
     grid = torch.tensor([[2, 0], [3, 1]])
     assert reference_coordinate(grid, 0) == (0, 1) and reference_coordinate(grid, 5) is None
+
+
+@pytest.mark.parametrize("case", ["equal", "off_by_tol", "nan_pair", "nan_strict", "int_diff",
+                                  "dtype_cast", "neg_zero"])
+def test_compare_block_exact_fast_path_keeps_every_verdict(case):
+    """Bit-equal blocks pass at once; everything else takes the full check,
+    so NaN handling, tolerances, exact ints and dtype casts are unchanged."""
+    from dtensor.testing.compare import compare_block
+
+    nan = float("nan")
+    a = torch.tensor([1.0, 2.0, 3.0])
+    cases = {  # local, block, equal_nan, passes
+        "equal": (a, a.clone(), True, True),
+        "off_by_tol": (a, a + 1e-3, True, False),
+        "nan_pair": (torch.tensor([1.0, nan]), torch.tensor([1.0, nan]), True, True),
+        "nan_strict": (torch.tensor([1.0, nan]), torch.tensor([1.0, nan]), False, False),
+        "int_diff": (torch.tensor([1, 2]), torch.tensor([1, 3]), True, False),
+        "dtype_cast": (torch.tensor([1.0, 2.0], dtype=torch.float16), a[:2], True, True),
+        "neg_zero": (torch.tensor([-0.0]), torch.tensor([0.0]), True, True),
+    }
+    local, block, equal_nan, passes = cases[case]
+    if passes:
+        compare_block(local, block, (0,), "block", "", None, None, equal_nan)
+    else:
+        with pytest.raises(AssertionError, match="elements differ"):
+            compare_block(local, block, (0,), "block", "", None, None, equal_nan)
