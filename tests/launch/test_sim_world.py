@@ -22,6 +22,16 @@ def _run(w: SimWorld, fn, timeout: float = 120.0):
         return w.run(fn, timeout)
 
 
+def _run_in_new_world(n: int, fn, timeout: float = 120.0):
+    """``fn`` once on a fresh n-rank world, closed afterwards."""
+    w = SimWorld(n)
+    try:
+        return _run(w, fn, timeout)
+    finally:
+        with entered():
+            w.close()
+
+
 def test_each_thread_is_its_own_rank_and_a_failure_releases_the_others() -> None:
     w = SimWorld(4)
     try:
@@ -221,12 +231,7 @@ def test_a_collective_wakes_each_waiting_rank_once() -> None:
             dist.all_reduce(t)
         return t[0].item(), resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
 
-    w = SimWorld(4)
-    try:
-        outs = _run(w, body)
-    finally:
-        with entered():
-            w.close()
+    outs = _run_in_new_world(4, body)
     assert all(o.error is None for o in outs), [o.error for o in outs]
     assert [o.value[0] for o in outs] == [4.0] * 4
     switches = sum(o.value[1] for o in outs)
@@ -246,11 +251,6 @@ def test_a_failure_after_a_collective_leaves_the_others_its_result() -> None:
             raise AssertionError("rank 3 fails after the all-reduce")
         return t.item()
 
-    w = SimWorld(4)
-    try:
-        outs = _run(w, body)
-    finally:
-        with entered():
-            w.close()
+    outs = _run_in_new_world(4, body)
     assert [o.value for o in outs[:3]] == [10.0] * 3, [o.error for o in outs]
     assert isinstance(outs[3].error, AssertionError)
