@@ -84,7 +84,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _pin_literal_pool()
     config.pluginmanager.register(_Plugin(config), "hypothesis-lockstep")
+
+
+def _pin_literal_pool() -> None:
+    """Draw the same examples whatever modules this process has imported.
+
+    Hypothesis draws 5 % of its numbers from the literals of the "local"
+    (non-test, non-installed) modules in ``sys.modules`` at that moment. So
+    one seed gave different examples in a simulated world (which imports
+    ``launch.sim*``) and in a real rank (``launch.lockstep``), in an xdist
+    worker (the modules of its share of the tests) and in one process, and
+    after any literal changed anywhere in the project: a planted bug that a
+    real 4-rank world caught passed simulated, because a number added to the
+    simulator moved the examples. Only the code under test and the seed
+    should choose the examples: the local pool stays empty (Hypothesis' own
+    boundary values remain).
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # a Hypothesis without a local pool: nothing to pin
+        return
+    if not callable(getattr(providers, "_get_local_constants", None)):
+        return
+    empty = Constants()
+    providers._get_local_constants = lambda: empty
 
 
 # The test being run on several ranks ----------------------------------------------

@@ -93,3 +93,45 @@ def test_confirm_finds_the_smallest_world_that_fails_and_confirms_it_on_a_real_o
             "DTENSOR_WORLD_SIZES=2 DTENSOR_MUTANT=gather_drops_last_uneven_shard torchrun "
             f"--nproc_per_node=2 -m pytest '{test}[2ranks]'") in out, out[-3000:]
     assert "Confirmation: reproduced on a real 2-rank world (a runtime bug)" in out, out[-3000:]
+
+
+LITERALS = """
+VALUES = [987654321, 24680, 13579, 4096, 65536, 0.123456789, 31415.9265, -271828, 1e-7]
+NAMES = ["alpha", "beta", "gamma"]
+"""
+
+DRAWS = """
+import os
+
+from hypothesis import given, settings, strategies as st
+
+if os.environ.get("EXTRA"):
+    import literals  # noqa: F401  (a local module full of literals)
+
+
+@settings(max_examples=200, derandomize=True, database=None)
+@given(st.integers(), st.floats(allow_nan=False))
+def test_draws(x, y):
+    with open(os.environ["OUT"], "a") as f:
+        f.write(f"{x} {y!r}\\n")
+"""
+
+
+def test_a_seed_draws_the_same_examples_whatever_modules_are_loaded(child, tmp_path,
+                                                                    monkeypatch) -> None:
+    """Hypothesis draws some numbers from the literals of the local modules a
+    process has imported; the service pins that pool, so a simulated world,
+    a real rank, an xdist worker and one process draw the same examples for
+    one seed (a planted bug once passed simulated and failed real because a
+    number added to the simulator moved the examples)."""
+    outs = []
+    for extra in ("", "1"):
+        out = tmp_path / f"draws{extra or 0}.txt"
+        monkeypatch.setenv("OUT", str(out))
+        monkeypatch.setenv("EXTRA", extra)
+        r = child({"test_d.py": DRAWS, "literals.py": LITERALS}, "-m", "pytest", "-q",
+                  "-p", "no:cacheprovider", "test_d.py")
+        assert r.rc == 0, r.out
+        outs.append(out.read_text().splitlines())
+    assert len(outs[0]) >= 100, outs[0][:5]
+    assert outs[0] == outs[1], "the drawn examples depend on which local modules are loaded"
