@@ -12,6 +12,7 @@ include starting the world (a real world's start-up is part of its cost).
     python bench/sim_throughput.py --big 64 --examples 2      # every property at 64 ranks
     python bench/sim_throughput.py --files tests/properties --sim-workers 2  # xdist, 2 cores
     python bench/sim_throughput.py --files tests/properties --sim-workers 2 --repeat 3
+    python bench/sim_throughput.py --files tests/properties --sim-workers 2 --marginal
     DTENSOR_MUTANT=gather_drops_last_uneven_shard python bench/sim_throughput.py --ranks 2
 
 Only tests that run in a world (``world_size``-marked) are timed, on both
@@ -20,6 +21,14 @@ start their own 2-rank torchrun world in a subprocess, take the same ~9 s
 whatever the mode, hold none of the counted examples and are skipped in the
 main job's torchrun world. ``--all-tests`` times the whole files instead
 (this script's measure up to stop 34).
+
+``--marginal`` splits each side's wall time in two: one more pair runs
+every property with one example (profile ``ci-1``: start-up, imports,
+collection, each test's set-up and first example, exit), and the rest of
+the full run, divided by the rest of the examples, is the cost of one more
+example. The ratio of those is what a long session (``fuzz`` profile, many
+examples per property) gains per example; the fixed part is what a short
+run pays either way.
 
 It also compares every test's verdict (junit) between the two runs: the
 simulated world must pass and fail exactly the tests the real one does.
@@ -43,10 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _pytest(files: list[str], sizes: str, extra: list[str],
-            junit: str | None = None) -> tuple[float, str, int]:
+            junit: str | None = None, profile: str = "ci") -> tuple[float, str, int]:
     env = dict(os.environ, DTENSOR_WORLD_SIZES=sizes)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "--hypothesis-profile=ci", "--dist-timeout", "600", *files, *extra]
+    plugin = ["-p", "bench._short_profile"] if profile != "ci" else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
+           f"--hypothesis-profile={profile}", "--dist-timeout", "600", *files, *extra]
     if junit:
         cmd.append(f"--junitxml={junit}")
     if LOCK:  # wait for a shared machine's lock, then time the run itself
@@ -99,6 +109,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the pair (simulated, then real) this many times; report the "
                          "median ratio")
+    ap.add_argument("--marginal", action="store_true",
+                    help="also run both sides at one example per property and split "
+                         "the wall time into fixed and per-example parts")
     ap.add_argument("--all-tests", action="store_true",
                     help="also time the tests that run in no world (see the docstring)")
     a = ap.parse_args()
@@ -119,17 +132,21 @@ def main() -> None:
     workers = ["-n", str(a.sim_workers), "--dist", "worksteal"] if a.sim_workers > 1 else []
     label = "simulated" + (f" (-n {a.sim_workers})" if workers else "")
     ratios: list[float] = []
+    walls: dict[str, list[float]] = {"sim": [], "real": []}
+    examples = None
     for i in range(a.repeat):
         # Alternate the two sides: this shared machine's speed drifts by ~10%
         # over minutes, so each ratio comes from runs seconds apart.
         junit = (lambda side: f"{tmp}/{side}.xml") if i == 0 else (lambda side: None)
         sim_s, sim_out, _ = _pytest(a.files, n, ["--dist-sim", *workers, *only], junit("sim"))
-        ex = _examples(sim_out)
+        ex = examples = _examples(sim_out)
+        walls["sim"].append(sim_s)
         rate = ex / sim_s if ex else float("nan")
         print(f"| {label} | {n} | {sim_s:.1f} | {ex} | {rate:.1f} | {_summary(sim_out)} |")
         if a.skip_real:
             continue
         real_s, real_out, _ = _pytest(a.files, n, only, junit("real"))
+        walls["real"].append(real_s)
         real_rate = ex / real_s if ex else float("nan")
         print(f"| real (Gloo) | {n} | {real_s:.1f} | {ex} | {real_rate:.1f} | "
               f"{_summary(real_out)} |")
@@ -143,6 +160,8 @@ def main() -> None:
                   if sim_v.get(k) != real_v.get(k)}
         print(f"verdicts: {len(sim_v)} tests, {len(differ)} differ (simulated, real)"
               + "".join(f"\n  {k}: {v}" for k, v in sorted(differ.items())))
+    if a.marginal and ratios and examples:
+        _marginal(a.files, n, [*workers, *only], only, label, walls, examples)
     if a.big:
         big_s, big_out, rc = _pytest(["tests/properties"], str(a.big),
                                      ["--dist-sim", f"--dist-sim-examples={a.examples}", *only])
@@ -150,6 +169,26 @@ def main() -> None:
               f"{big_s:.0f} s, {_examples(big_out)} examples, {_summary(big_out)} (exit {rc})")
         if rc:
             print("\n".join(ln for ln in big_out.splitlines() if ln.startswith("FAIL")))
+
+
+def _marginal(files: list[str], n: str, sim_extra: list[str], real_extra: list[str],
+              label: str, walls: dict[str, list[float]], examples: int) -> None:
+    """One example per property on both sides: wall = fixed + examples x each."""
+    sim_s, sim_out, _ = _pytest(files, n, ["--dist-sim", *sim_extra], profile="ci-1")
+    one = _examples(sim_out)
+    real_s, _, _ = _pytest(files, n, real_extra, profile="ci-1")
+    if not one or one >= examples:
+        print(f"\n--marginal: no example count to split by (one: {one}, full: {examples})")
+        return
+    sim_full, real_full = (statistics.median(walls[k]) for k in ("sim", "real"))
+    more = examples - one
+    sim_each, real_each = (sim_full - sim_s) / more, (real_full - real_s) / more
+    print(f"\n| split ({more} examples past the first of each property) | {label} | "
+          f"real (Gloo) | real / simulated |\n|---|---|---|---|")
+    print(f"| one example per property ({one}): wall s | {sim_s:.1f} | {real_s:.1f} | "
+          f"{real_s / sim_s:.2f}x |")
+    print(f"| each further example: ms | {1e3 * sim_each:.2f} | {1e3 * real_each:.2f} | "
+          f"{real_each / sim_each:.2f}x |")
 
 
 if __name__ == "__main__":
