@@ -31,7 +31,12 @@ from dtensor.placement import (
 )
 from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import redistribute_local
-from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+from dtensor.spec import (
+    DTensorSpec,
+    TensorMeta,
+    contiguous_stride,
+    normalize_placements,
+)
 
 __all__ = ["DTensor", "rebuild_dtensor"]
 
@@ -311,8 +316,6 @@ def _global_shape_stride(local: torch.Tensor, mesh: DeviceMesh, placements, infe
 
 
 def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
-    from dtensor.spec import normalize_placements
-
     return normalize_placements(placements, mesh.ndim, ndim)
 
 

@@ -290,6 +290,26 @@ def test_block_classes_and_reference_blocks():
     assert reference_coordinate(grid, 0) == (0, 1) and reference_coordinate(grid, 5) is None
 
 
+def test_assert_coordinate_names_the_rank_and_its_rank_tensor_when_it_fails():
+    """The failure context is built only on failure: it must still name the
+    rank, the whole rank tensor and both coordinates."""
+    from dtensor.testing import oracle
+
+    rank = oracle._rank()
+    grid = torch.arange(rank, rank + 4).reshape(2, 2)  # this rank sits at (0, 0)
+
+    class WrongCoordinate:
+        mesh, shape, mesh_dim_names = grid, (2, 2), None
+
+        def get_coordinate(self):
+            return [0, 1]
+
+    with pytest.raises(AssertionError, match=(
+            rf"^after op: rank {rank} in mesh \[\[{rank}, {rank + 1}\], \[{rank + 2}, "
+            rf"{rank + 3}\]\]: get_coordinate\(\) is \(0, 1\), expected \(0, 0\)$")):
+        oracle.assert_coordinate(WrongCoordinate(), msg="after op")
+
+
 @pytest.mark.parametrize("case", ["equal", "off_by_tol", "nan_pair", "nan_strict", "int_diff",
                                   "dtype_cast", "neg_zero"])
 def test_compare_block_exact_fast_path_keeps_every_verdict(case):

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dtensor.testing.compare import compare_block
 
@@ -37,17 +38,13 @@ __all__ = ["assert_coordinate", "assert_layout", "reference_block", "reference_c
 
 
 def _rank() -> int:
-    import torch.distributed as dist
-
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def reference_coordinate(grid: torch.Tensor, rank: int) -> tuple[int, ...] | None:
     """``rank``'s position in the rank tensor ``grid``; None when absent."""
-    hit = (grid == rank).nonzero()
-    if hit.shape[0] == 0:
-        return None
-    return tuple(int(i) for i in hit[0])
+    hit = (grid == rank).nonzero().tolist()
+    return tuple(hit[0]) if hit else None
 
 
 def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
@@ -79,11 +76,14 @@ def assert_coordinate(mesh: Any, *, msg: str = "") -> tuple[int, ...] | None:
     ref = reference_coordinate(grid, rank)
     got = mesh.get_coordinate()
     got = None if got is None else tuple(int(c) for c in got)
-    where = f"{prefix}rank {rank} in mesh {grid.tolist()}"
+
+    def where() -> str:  # built for a failure only: the rank tensor's list is not free
+        return f"{prefix}rank {rank} in mesh {grid.tolist()}"
+
     if got != ref:
-        raise AssertionError(f"{where}: get_coordinate() is {got}, expected {ref}")
+        raise AssertionError(f"{where()}: get_coordinate() is {got}, expected {ref}")
     if tuple(mesh.shape) != tuple(grid.shape):
-        raise AssertionError(f"{where}: mesh.shape {tuple(mesh.shape)}, "
+        raise AssertionError(f"{where()}: mesh.shape {tuple(mesh.shape)}, "
                              f"rank tensor {tuple(grid.shape)}")
     if ref is None:
         return None
@@ -96,13 +96,13 @@ def assert_coordinate(mesh: Any, *, msg: str = "") -> tuple[int, ...] | None:
         for key in keys:
             local = int(mesh.get_local_rank(key))
             if local != ref[axis]:
-                raise AssertionError(f"{where}: get_local_rank({key!r}) is {local}, "
+                raise AssertionError(f"{where()}: get_local_rank({key!r}) is {local}, "
                                      f"expected {ref[axis]} (axis {axis})")
             if int(mesh.size(key)) != grid.shape[axis]:
-                raise AssertionError(f"{where}: size({key!r}) is {mesh.size(key)}, "
+                raise AssertionError(f"{where()}: size({key!r}) is {mesh.size(key)}, "
                                      f"expected {grid.shape[axis]}")
     if ndim == 1 and int(mesh.get_local_rank()) != ref[0]:
-        raise AssertionError(f"{where}: get_local_rank() is {mesh.get_local_rank()}, "
+        raise AssertionError(f"{where()}: get_local_rank() is {mesh.get_local_rank()}, "
                              f"expected {ref[0]}")
     return ref
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from dtensor import random as _dtensor_random
 from dtensor.testing import (
     agree_on,
     assert_layout,
@@ -81,9 +82,7 @@ class Op(NamedTuple):
 
 
 def _rng():
-    from dtensor import random as rng
-
-    return rng
+    return _dtensor_random
 
 
 def _none(dtype):
