@@ -219,7 +219,8 @@ def _is_data(v: Any) -> bool:
 class _Slot:
     """The k-th ``data.draw`` of one example: drawn once, streamed to the others."""
 
-    __slots__ = ("blocked", "done", "end", "error", "nodes", "plain", "start", "text", "value")
+    __slots__ = ("blocked", "done", "end", "error", "nodes", "plain", "same", "start", "text",
+                 "value")
 
     def __init__(self, nodes: list, start: int) -> None:
         self.nodes, self.start = nodes, start  # the engine's choice list grows as it draws
@@ -229,6 +230,7 @@ class _Slot:
         self.text: str | int = ""  # the draw's number: its value's repr, made when needed
         self.value: Any = None
         self.plain = False  # the value holds no rank state: the others copy it
+        self.same = False  # and its copy is the value itself (nothing mutable in it)
         self.blocked = False  # the drawer waits for the other ranks inside its draw
 
 
@@ -292,7 +294,12 @@ class _SharedDraws:
                 # drawn, printed only if the example fails (a tensor's repr
                 # cost more than the copy, on every draw).
                 slot.text = k + 1
-                return _private(value)
+                mine = _private(value)
+                # Decided once per draw, not once per rank: walking a tuple of
+                # placements or an op case to find nothing to copy was most
+                # of the copies' cost (~4 % of a simulated suite's CPU).
+                slot.same = mine is value
+                return mine
             except BaseException as e:
                 slot.error = e
                 raise
@@ -319,7 +326,7 @@ class _SharedDraws:
         with self.cond:
             copy_it = slot.done and slot.plain and slot.error is None
         if copy_it:
-            return _private(slot.value)
+            return slot.value if slot.same else _private(slot.value)
         replay = ConjectureData(random=None, provider=_stream_provider()(self, slot))
         value = replay.draw(strategy)
         if not slot.done:  # the replay must use exactly the drawer's choices

@@ -76,6 +76,23 @@ def test_reduce_scatter_max_in_a_simulated_world() -> None:
             w.close()
 
 
+def test_an_async_collective_hands_back_finished_work_holding_its_tensors() -> None:
+    """The work a simulated collective returns is torch's: completed, waitable,
+    its future's value the collective's tensors (made without the Python
+    ``Future`` wrapper)."""
+
+    def body(rank: int):
+        t = torch.full((2,), float(rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        held = work.get_future().value()
+        return (type(work) is dist.Work, work.is_completed(), work.wait(),
+                held[0] is t, t.tolist())
+
+    outs = _run_in_new_world(3, body)
+    assert [o.error for o in outs] == [None] * 3
+    assert [o.value for o in outs] == [(True, True, True, True, [6.0, 6.0])] * 3
+
+
 @pytest.mark.parametrize("n", [4, 16])
 def test_dtensor_layouts_in_a_simulated_world(n: int) -> None:
     # Red before meshes compared their rank (a cached spec handed rank 0's mesh,
