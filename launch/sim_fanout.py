@@ -119,6 +119,15 @@ def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
         src = value.untyped_storage()
         key = src.data_ptr() if src.nbytes() else None
         storage = storages.get(key) if key is not None else None
+        if storage is None and key is not None and value.storage_offset() == 0 \
+                and src.nbytes() == value.numel() * value.element_size() \
+                and value.is_contiguous():
+            # It fills its storage alone (most drawn tensors): a clone has the
+            # same strides and a storage of the same size; 1.3 us, where the
+            # storage's Python clone and set_ below take 7.
+            out = value.detach().clone()
+            storages[key] = out.untyped_storage()  # a view drawn with it follows
+            return out.requires_grad_() if value.requires_grad else out
         if storage is None:
             storage = src.clone()
             if key is not None:
