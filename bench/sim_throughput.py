@@ -115,6 +115,13 @@ def main() -> None:
     ap.add_argument("--all-tests", action="store_true",
                     help="also time the tests that run in no world (see the docstring)")
     a = ap.parse_args()
+    if a.sim_workers < 1:
+        ap.error(f"--sim-workers must be >= 1, got {a.sim_workers}")
+    if a.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {a.repeat}")
+    if a.marginal and a.skip_real:
+        ap.error("--marginal splits both sides' wall times: it needs the real run; "
+                 "drop --skip-real")
     only = [] if a.all_tests else ["-m", "world_size"]
     if a.lock:
         LOCK.append(a.lock)
@@ -123,10 +130,6 @@ def main() -> None:
                              "those that run in a world (-m world_size)") + "\n")
     print("| world | ranks | wall s | examples | examples/s | result |\n|---|---|---|---|---|---|")
     tmp = os.environ.get("SIM_BENCH_DIR") or tempfile.mkdtemp()
-    if a.sim_workers < 1:
-        ap.error(f"--sim-workers must be >= 1, got {a.sim_workers}")
-    if a.repeat < 1:
-        ap.error(f"--repeat must be >= 1, got {a.repeat}")
     # worksteal: the property files end in long tests (child runs of the
     # lockstep self-tests); plain load scheduling left one worker idle there.
     workers = ["-n", str(a.sim_workers), "--dist", "worksteal"] if a.sim_workers > 1 else []
