@@ -216,11 +216,12 @@ def _cost(have: Placement, want: Placement) -> int:
 
 def _rule_from_strategies(fn, call: OpCall) -> Sharding:
     name = str(call.func)
-    strategies = list(fn(*call.args, **call.kwargs))
+    args = _with_defaults(call.func, call.args, call.kwargs)
+    strategies = list(fn(*args, **call.kwargs))
     if not strategies:
         raise UnsupportedOpError(f"register_sharding({name}): the function returned no strategy")
     positions = []  # for each operand of call.specs, its schema argument index
-    for i, a in enumerate(call.args):
+    for i, a in enumerate(args):
         if isinstance(a, DTensorSpec):
             positions.append(i)
         elif isinstance(a, (list, tuple)) and any(isinstance(x, DTensorSpec) for x in a):
@@ -233,6 +234,7 @@ def _rule_from_strategies(fn, call: OpCall) -> Sharding:
             f"register_sharding({name}): tensor keyword arguments are not supported; "
             "use dtensor.register_rule"
         )
+    last = max(positions, default=-1)  # strategies may leave out trailing non-tensors
     mesh_ndim = call.specs[0].mesh.ndim if call.specs else 1
     n_out = len(strategies[0][0])
     per_axis = []
@@ -240,10 +242,11 @@ def _rule_from_strategies(fn, call: OpCall) -> Sharding:
         best, best_cost = None, None
         for outs, ins in strategies:
             outs, ins = list(outs), list(ins)
-            if len(outs) != n_out or len(ins) < len(call.args):
+            if len(outs) != n_out or len(ins) <= last:
                 raise PlacementError(
                     f"register_sharding({name}): each strategy is (outputs, inputs) with "
-                    f"{n_out} outputs and one input entry per argument ({len(call.args)}); "
+                    f"{n_out} outputs and one input entry per argument of the schema "
+                    f"({len(args)}: {_arg_names(call.func, len(args))}); "
                     f"got {len(outs)} and {len(ins)}"
                 )
             cost = 0
@@ -262,3 +265,20 @@ def _rule_from_strategies(fn, call: OpCall) -> Sharding:
                    for k in range(len(positions)))
     outputs = tuple(tuple(per_axis[a][0][j] for a in range(mesh_ndim)) for j in range(n_out))
     return Sharding(inputs=inputs, outputs=outputs)
+
+
+def _with_defaults(func, args: tuple, kwargs: dict) -> tuple:
+    """``args`` with the schema's defaults filled in for the positional arguments
+    left out: dispatch drops trailing arguments equal to their defaults (even
+    ones passed explicitly: ``op(x, -1)`` arrives as ``(x,)``), while a strategy
+    function is written against the schema (``def strategies(x, dim)``)."""
+    out = list(args)
+    for a in func._schema.arguments[len(args):]:
+        if a.kwarg_only or a.name in kwargs or not a.has_default_value():
+            break
+        out.append(a.default_value)
+    return tuple(out)
+
+
+def _arg_names(func, n: int) -> str:
+    return ", ".join(a.name for a in func._schema.arguments[:n])

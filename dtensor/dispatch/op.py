@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from dtensor.dispatch.binding import probe_binding
+from dtensor.dispatch.guard import guarded
 from dtensor.dispatch.random_ops import HANDLERS
 from dtensor.rules import rule_for
-from dtensor.sharding import writes_self
+from dtensor.sharding import registered_rule, writes_self
 
 __all__ = ["OpInfo", "describe"]
 
@@ -63,6 +64,7 @@ class OpInfo:
     twin: Any  # the out-of-place op of an in-place view op
     refusal: str | None  # why propagation refuses the op, if it does
     rule: Any  # the op's sharding rule (the user's first), or None
+    guard: bool = False  # new plans' output blocks are checked (``dispatch.guard``)
     bindings: dict = field(default_factory=dict)  # argument types -> quickest callable
     dtypes: dict = field(default_factory=dict)  # probe signature -> result dtypes
     logged: bool = False  # the replicate fallback was logged for this op
@@ -111,6 +113,7 @@ def describe(func) -> OpInfo:
         twin=_INPLACE_VIEWS.get(func),
         refusal=refusal,
         rule=rule_for(func),
+        guard=guarded(registered_rule(func) is not None),
     )
 
 

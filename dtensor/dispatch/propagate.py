@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtensor.dispatch.call import Call
+from dtensor.dispatch.guard import check_outputs
 from dtensor.dispatch.meta import infer_meta, inplace_metas, shape_metas
 from dtensor.dispatch.op import LIST, OpInfo
 from dtensor.errors import UnsupportedOpError
@@ -70,6 +71,10 @@ def propagate(call: Call, info: OpInfo) -> Plan:
         out_specs = _output_specs(call, info, specs, sharding)
         if out_specs is None:
             return _fallback(call, info, specs)
+        if info.guard and sharding.local is None:
+            in_specs = tuple(s if t is None else t
+                             for s, t in zip(specs, targets, strict=True))
+            check_outputs(call, rule, in_specs, out_specs)
     return Plan(
         targets, out_specs, False, sharding.scalar_reduce, sharding.local,
         _written(call, targets),
