@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dtensor import DeviceMesh, Replicate, Shard, Sharding, distribute_tensor, register_rule
-from dtensor.dispatch.guard import RuleOutputError, check_builtin_rules
+from dtensor.dispatch import check_builtin_rules
+from dtensor.dispatch.guard import RuleOutputError
 from dtensor.experimental import register_sharding
 
 W2 = pytest.mark.world_size(2)

@@ -10,17 +10,18 @@ back, wrap the results once. Every stage reads the op's one record
 
 Dispatch sits below the DTensor class (the class calls it), so it never
 imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
+``guard``: users' rules' claimed output blocks are checked once per new plan.
 ``optim``: default-flag SGD/Adam/AdamW over DTensors take the foreach path.
 """
 
 from __future__ import annotations
 
-from dtensor.dispatch import call, execute, fast, form, general, optim, random_ops, wrap
+from dtensor.dispatch import call, execute, fast, form, general, guard, optim, random_ops, wrap
 from dtensor.dispatch.cache import forget
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
 
-__all__ = ["dispatch", "forget", "implicit_replication", "serve"]
+__all__ = ["check_builtin_rules", "dispatch", "forget", "implicit_replication", "serve"]
 
 
 def serve(tensor_type: type) -> None:
@@ -28,3 +29,11 @@ def serve(tensor_type: type) -> None:
     for module in (call, execute, fast, form, general, optim, random_ops, wrap):
         module.DTensor = tensor_type
     optim.install()
+
+
+def check_builtin_rules(on: bool = True) -> None:
+    """Check built-in rules' claimed output blocks too, as users' rules always
+    are (a debugging aid: one meta run of the op per distinct block shape on
+    each first-seen call; env ``DTENSOR_CHECK_RULES=all`` at import)."""
+    guard.check_all(on)
+    forget()  # the records carry the flag: rebuild them

@@ -13,10 +13,10 @@ verdict with no communication, and raises ``RuleOutputError`` together.
 
 Rules registered by users (``dtensor.register_rule``,
 ``dtensor.experimental.register_sharding``) always get it; built-in rules
-get it under ``check_builtin_rules(True)`` (or env ``DTENSOR_CHECK_RULES=all``).
+get it under ``dtensor.dispatch.check_builtin_rules(True)`` (or env ``DTENSOR_CHECK_RULES=all``).
 
 Example:
-    >>> check_builtin_rules(True)     # debug a built-in rule: every new plan checked
+    >>> dtensor.dispatch.check_builtin_rules(True)   # every new plan checked
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dtensor.dispatch.call import Call, tensor_leaves
 from dtensor.errors import ShardingError
 from dtensor.placement import format_placements
 
-__all__ = ["RuleOutputError", "check_builtin_rules", "check_outputs", "guarded", "rule_name"]
+__all__ = ["RuleOutputError", "check_all", "check_outputs", "guarded", "rule_name"]
 
 _CHECK_ALL = [os.environ.get("DTENSOR_CHECK_RULES", "") == "all"]
 
@@ -39,13 +39,10 @@ class RuleOutputError(ShardingError):
     """A sharding rule's claimed output layout does not fit what the op gives."""
 
 
-def check_builtin_rules(on: bool = True) -> None:
-    """Check built-in rules' claims too (a debugging aid; costs one meta run of
-    the op per distinct block shape on each first-seen call)."""
-    from dtensor.dispatch.cache import forget
-
+def check_all(on: bool) -> None:
+    """Set whether built-in rules are checked too (records made from now on;
+    ``dtensor.dispatch.check_builtin_rules`` also drops the existing ones)."""
     _CHECK_ALL[0] = bool(on)
-    forget()  # records carry the flag: rebuild them
 
 
 def guarded(user_rule: bool) -> bool:
