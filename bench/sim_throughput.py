@@ -19,8 +19,7 @@ Only tests that run in a world (``world_size``-marked) are timed, on both
 sides: the two self-tests in ``tests/properties/test_lockstep_plugin.py``
 start their own 2-rank torchrun world in a subprocess, take the same ~9 s
 whatever the mode, hold none of the counted examples and are skipped in the
-main job's torchrun world. ``--all-tests`` times the whole files instead
-(this script's measure up to stop 34).
+main job's torchrun world. ``--all-tests`` times the whole files instead.
 
 ``--marginal`` splits each side's wall time in two: one more pair runs
 every property with one example (profile ``ci-1``: start-up, imports,
