@@ -14,7 +14,14 @@ report folder (Markdown, JSON, HTML) and keeps the session state beside the
 example database, so the next session over the same database resumes.
 Failures go to the example database (``--db``, default ``.fuzz-db``), which
 ``launch.fuzz.replay`` makes every later pytest run (the ``ci`` profile
-included) replay first. Exit status: 1 when the session found a failure.
+included) replay first.
+
+Before any world starts, one plain pytest process collects the tests with
+the session's plugins: a path that does not exist, a plugin or Hypothesis
+profile that is missing, a collection error or no ``@given`` test at all
+ends the command there, with pytest's own reason. Exit status: 0 no new
+failure, 1 the session found a failure, 3 no example ran (the worlds'
+reason is printed), 4 the session cannot start.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -74,6 +82,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, pytest_args = parse(argv)
+    bad = _preflight(args, pytest_args)
+    if bad:
+        print(bad, file=sys.stderr, flush=True)
+        return 4
     start = time.time()
     deadline = start + args.minutes * 60
     run_dir = Path(args.log_dir).resolve() / f"fuzz-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -128,6 +140,8 @@ def main(argv: list[str]) -> int:
     folder = Path(args.report).resolve() if args.report else run_dir / "report"
     page = report.write(state, folder)
     new = [f for f in state.failures if f.key not in known]
+    examples = sum(p["examples"] for p in state.props)
+    why = _nothing_ran(state, run_dir) if not examples and not new else ""
     print(f"launch fuzz: {state.elapsed:.0f}s, "
           f"{sum(p['examples'] for p in state.props)} examples, "
           f"{len(new)} new failures ({len(state.failures)} known in all); report {page}",
@@ -135,7 +149,60 @@ def main(argv: list[str]) -> int:
     for f in new:
         print(f"  FAILED {f.nodeid}: {f.kind} {f.exc_type} at {f.location}\n"
               f"    example: {f.example[:300]}\n    {f.replay}", flush=True)
+    if why:
+        print(f"launch fuzz: FAILED: no example ran: {why}", file=sys.stderr, flush=True)
+        return 3
     return 1 if new else 0
+
+
+# The plugins every session needs, whatever the repository's conftest loads:
+# the loop, and the lockstep Hypothesis profiles (``fuzz``). Loading a module
+# that a conftest names too is harmless: pytest registers a name once.
+PLUGINS = ["-p", "launch.fuzz.rank", "-p", "launch.hypothesis_lockstep"]
+
+
+def _preflight(args: argparse.Namespace, pytest_args: list[str]) -> str:
+    """Collect the session's tests in one plain pytest process before any
+    world starts; returns why the session cannot run ("" when it can): a
+    path that does not exist, a plugin or profile that is missing, a
+    collection error, no ``@given`` test at all."""
+    cmd = [sys.executable, "-m", "pytest", *PLUGINS, "-p", "no:cacheprovider",
+           "--hypothesis-profile=fuzz", "--collect-only", "-q", *pytest_args]
+    env = {k: v for k, v in os.environ.items() if k != R.DIR_ENV}
+    env[R.CHECK_ENV] = "1"
+    p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True)
+    out = (p.stdout + p.stderr).strip()
+    if p.returncode == 0:
+        counts = re.search(r"launch fuzz: (\d+) @given tests of (\d+)", out)
+        if counts and counts.group(1) == "0":
+            return (f"launch fuzz: cannot start: no @given test among the "
+                    f"{counts.group(2)} tests collected from {shlex.join(pytest_args)}")
+        return ""
+    said = [ln for ln in out.splitlines() if ln.startswith(("ERROR", "E ", "INTERNALERROR> E"))
+            or "Error" in ln or "error" in ln or "not found" in ln]
+    head = "\n  ".join(dict.fromkeys(said[-8:] or out.splitlines()[-8:]))
+    what = {5: "no test collected", 4: "pytest refused the arguments",
+            3: "pytest failed inside (a plugin or profile?)",
+            2: "collecting the tests failed"}.get(p.returncode, f"exit {p.returncode}")
+    return (f"launch fuzz: cannot start: {what}: {shlex.join(pytest_args)}\n  {head}\n"
+            f"  (checked with: {shlex.join(cmd[1:])})")
+
+
+def _nothing_ran(state: Session, run_dir: Path) -> str:
+    """Why a session ran no example (its worlds' logs), for the terminal."""
+    if state.props and all(p.get("skipped") for p in state.props):
+        return "every @given test was skipped: " + "; ".join(
+            f"{p['nodeid']}: {p.get('skipped')}" for p in state.props[:3])
+    if not state.props and not any(w["rc"] for w in state.worlds):
+        return f"no @given test among the collected tests ({shlex.join(state.args)})"
+    logs = sorted(run_dir.glob("world*.log"))
+    lines = _tail(logs[-1], 400).splitlines() if logs else []
+    said = [ln.strip() for ln in lines if ("Error" in ln or "error:" in ln)
+            and "elastic/errors.html" not in ln and "ChildFailedError" not in ln]
+    reason = "; ".join(dict.fromkeys(said[-3:])) or "(no error line in the log)"
+    return (f"{len(state.worlds)} world(s) exited without running a slice: {reason}; "
+            f"log {logs[-1] if logs else run_dir}")
 
 
 def _world(args: argparse.Namespace, pytest_args: list[str], run_dir: Path, db: Path,
@@ -148,7 +215,7 @@ def _world(args: argparse.Namespace, pytest_args: list[str], run_dir: Path, db: 
                 R.COVER_ENV: args.cover, "OMP_NUM_THREADS": "1",
                 "LAUNCH_RUN_DIR": str(run_dir / f"world{k}")})
     env.pop("LAUNCH_STATUS_FILE", None)
-    pytest_cmd = ["-m", "pytest", "-p", "launch.fuzz.rank", "-p", "no:cacheprovider", "-q",
+    pytest_cmd = ["-m", "pytest", *PLUGINS, "-p", "no:cacheprovider", "-q",
                   "--hypothesis-profile=fuzz", f"--dist-timeout={max(600.0, args.hang * 2)}"]
     if args.sim:  # one process; the launcher's hang watch below still applies
         env[R.SIM_ENV] = str(args.sim)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launch.fuzz.session import Session
+from launch.fuzz.session import Failure, Session
 
 __all__ = ["at_minutes", "summary", "write"]
 
@@ -115,7 +115,7 @@ def markdown(state: Session, doc: dict[str, Any]) -> str:
                 + (f" (seen {f.seen}×)" if f.seen > 1 else ""),
                 f"- message: {f.message}" if f.message else "",
                 f"- shrunk identically on every rank: {'yes' if same else 'no' if same is False else 'n/a'}"
-                + (f" ({len(f.per_rank)} ranks)" if f.per_rank else ""),
+                + (f" ({ran_on(f, state.nproc)})" if f.per_rank else ""),
                 "", "```", f"example: {f.example}", f.replay, "```", ""]
     out += ["## Properties", "",
             "| property | examples | s | ex/s | slices | discoveries | new arcs | classes | status |",
@@ -137,6 +137,16 @@ def markdown(state: Session, doc: dict[str, Any]) -> str:
 
 
 # -- HTML with inline SVG ---------------------------------------------------------------
+def ran_on(f: Failure, nproc: int) -> str:
+    """The ranks that ran the failing test: all of them, or its sub-world's."""
+    ranks = sorted(int(r) for r in f.per_rank)
+    if len(ranks) == nproc or not ranks:
+        return f"{len(ranks)} ranks"
+    names = f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ", ".join(map(str, ranks))
+    return f"ranks {names}, the test's world of {len(ranks)} in {nproc}"
+
+
 def line_chart(series: dict[str, list[tuple[float, float]]], title: str, ylabel: str,
                width: int = 720, height: int = 260) -> str:
     """An SVG line chart (step lines) of several series over seconds."""
@@ -235,7 +245,8 @@ def html_page(state: Session, doc: dict[str, Any]) -> str:
         parts.append(f"<div class='fail'><h3>{esc(f.nodeid)}</h3><p>{esc(f.kind)}: "
                      f"<code>{esc(f.exc_type)}</code> at <code>{esc(f.location or '?')}</code>, "
                      f"after {f.found_at:.0f} s; shrunk identically on every rank: "
-                     f"{'yes' if same else 'no' if same is False else 'n/a'}</p>"
+                     f"{'yes' if same else 'no' if same is False else 'n/a'}"
+                     + (f" ({esc(ran_on(f, state.nproc))})" if f.per_rank else "") + "</p>"
                      f"<pre>{esc(f.message)}\nexample: {esc(f.example)}\n{esc(f.replay)}</pre></div>")
     parts.append(bar_chart(rates, "Examples per second, per property"))
     parts.append("<h2>Properties</h2><table><tr>" + "".join(

@@ -41,8 +41,10 @@ class Failure:
         return (self.nodeid, self.exc_type, self.location)
 
     def same_on_every_rank(self) -> bool | None:
-        """Whether every rank's last example (the shrunk one) was the same."""
-        vals = set(self.per_rank.values())
+        """Whether every rank that ran the test ended on the same (shrunk)
+        example; a rank with no example (outside the test's sub-world, in a
+        state saved by an older session) is not compared."""
+        vals = {v for v in self.per_rank.values() if v}
         return None if not vals else len(vals) == 1
 
 
