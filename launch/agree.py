@@ -74,8 +74,14 @@ def decide(verdicts: list[str], members: tuple[int, ...]) -> Decision | None:
             head += f" (rank{'s' if len(others) > 1 else ''} {_ranks(others)}: "
             head += ", ".join(sorted({kinds[r] for r in others})) + ")"
         blocks = [head]
+        # Ranks that failed with the same text are shown once (a failure that
+        # does not depend on the rank would otherwise print n copies).
+        same: dict[tuple[str, str], list[int]] = {}
         for r in failed:
-            blocks.append(f"{'-' * 20} rank {r} ({parsed[r][1]}) {'-' * 20}\n{parsed[r][2]}")
+            same.setdefault(parsed[r][1:], []).append(r)
+        for (phase, text), rs in same.items():
+            who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {span(rs)}, same error"
+            blocks.append(f"{'-' * 20} {who} ({phase}) {'-' * 20}\n{text}")
         return Decision(when, "\n".join(blocks), head)
     if len(set(kinds.values())) <= 1:
         return None
@@ -127,6 +133,13 @@ def make_report(nodeid: str, location: tuple, when: str, outcome: str,
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
+
+
+def span(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3]`` -> ``"0–3"``; ranks with gaps are listed."""
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}–{ranks[-1]}"
+    return _ranks(ranks)
 
 
 def _enc(kind: str, when: str, text: str) -> str:
