@@ -4,6 +4,6 @@ apart from its examples (start-up, imports, collection, exit)."""
 
 from hypothesis import settings
 
-import launch.hypothesis_lockstep  # noqa: F401  (registers ``ci``)
+import launch.hypo.profiles  # noqa: F401  (registers ``ci``)
 
 settings.register_profile("ci-1", settings.get_profile("ci"), max_examples=1)

@@ -36,7 +36,7 @@ __all__ = ["group_for", "group_name_for", "on_world_end", "world_tag"]
 # destroyed}). Holding the default group keeps its id from being reused by a
 # later world's group.
 # Per world, since a rank's default group is its own: ranks sharing a
-# process (a simulated world, launch/sim*.py) each have theirs, and one
+# process (a simulated world, launch/sim/) each have theirs, and one
 # rank's group creation (a store barrier with its peers) must not hold a
 # lock the peers need to reach that barrier.
 _groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock, Counter]] = {}

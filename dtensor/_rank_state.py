@@ -23,7 +23,7 @@ Nothing here runs in a one-rank process: ``random._current`` stays the
 module-global lookup until ``enter_rank`` is first called, so the ordinary
 path pays nothing.
 
-Example (what ``launch.sim`` does on each rank thread, through the
+Example (what ``launch.sim.world`` does on each rank thread, through the
 ``dist_sim_rank_init`` ini option)::
 
     enter_rank(rank, size)

@@ -147,7 +147,7 @@ class DeviceMesh:
         # (a re-initialised or swapped-in world) are other processes' groups.
         self._world = _comm.world_tag()
         # The rank too: several ranks may share a process (a simulated world,
-        # launch/sim*.py), and a mesh carries its rank's coordinate and groups,
+        # launch/sim/), and a mesh carries its rank's coordinate and groups,
         # so caches keyed by meshes (specs, plans) must not hand one rank's
         # mesh to another. Constant per process otherwise.
         self._hash = hash((device_type, self._shape, ranks, mesh_dim_names, self._world,

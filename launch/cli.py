@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch.lockstep import RUN_DIR_ENV, STATUS_ENV
+from launch.modes.lockstep import RUN_DIR_ENV, STATUS_ENV
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -1,42 +1,14 @@
-"""Hypothesis profiles for distributed suites, opt-in: ``ci``, ``dev``, ``fuzz``.
+"""``-p launch.hypothesis_lockstep``: the older spelling of
+``launch.hypo.profiles`` (the opt-in ``ci``/``dev``/``fuzz`` profiles).
 
-Load it with ``-p launch.hypothesis_lockstep`` or from a conftest's
-``pytest_plugins`` (this repository's root conftest does) and pick a profile
-with ``--hypothesis-profile``. The lockstep itself (every rank draws the same
-examples, agreed verdicts, divergence reports) is ``launch.given_lockstep``,
-part of the installed service; this module only adds the profiles, which the
-service does not impose on every repository (a repository's own ``ci``
-profile, or Hypothesis' built-in one, stays as it is without this module).
-
-Every profile turns off what differs between processes (deadlines, timing
-health checks, the ``explain`` phase); lockstep turns them off anyway.
+It loads that plugin and re-exports its names, so configs and imports that use
+this spelling keep working; new configs name ``launch.hypo.profiles``.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, Phase, settings
+from launch.hypo.profiles import LockstepDivergence, RankFailure, _MirrorDB
 
-from launch.given_lockstep import (
-    LockstepDivergence,
-    RankFailure,
-    _mirror_db_class,
-)
+__all__ = ["LockstepDivergence", "RankFailure", "_MirrorDB"]
 
-__all__ = ["LockstepDivergence", "RankFailure"]
-
-pytest_plugins = ["launch.given_lockstep"]  # also when loaded without the service
-
-_MirrorDB = _mirror_db_class()  # for tests that drive the database mirror directly
-_TIMING_CHECKS = [HealthCheck.too_slow, HealthCheck.differing_executors,
-                  HealthCheck.function_scoped_fixture]
-_PHASES = tuple(p for p in Phase if p != Phase.explain)
-
-settings.register_profile(
-    "ci", derandomize=True, deadline=None, database=None, print_blob=True,
-    max_examples=25, suppress_health_check=_TIMING_CHECKS, phases=_PHASES)
-settings.register_profile(
-    "dev", deadline=None, print_blob=True, max_examples=40,
-    suppress_health_check=_TIMING_CHECKS, phases=_PHASES)
-settings.register_profile(
-    "fuzz", deadline=None, print_blob=True, max_examples=2000,
-    suppress_health_check=_TIMING_CHECKS, phases=_PHASES)
+pytest_plugins = ["launch.hypo.profiles"]

@@ -9,11 +9,11 @@ It stays cheap to import: ``torch`` and ``torch.distributed`` are imported
 inside hooks only. The work is done by one of three mode objects, picked in
 ``pytest_configure``:
 
-- lockstep (``launch.lockstep``): this process is a rank started by torchrun;
+- lockstep (``launch.modes.lockstep``): this process is a rank started by torchrun;
   every rank runs the same tests and agrees on each outcome.
-- server (``launch.server``): this process is a rank of a world that a parent
+- server (``launch.modes.server``): this process is a rank of a world that a parent
   pytest launched; it runs the tests the parent sends.
-- parent (``launch.parent``): plain ``pytest``; ``world_size``-marked tests run
+- parent (``launch.modes.parent``): plain ``pytest``; ``world_size``-marked tests run
   in worlds launched through ``torch.distributed.run``, one per world size.
 
 The modes share ``launch.world`` (the ``World`` value, markers, env keys);
@@ -45,7 +45,7 @@ __all__ = ["SERVER_ENV", "Mode", "World", "mode_of", "timeout_of", "world_size",
 # Loaded with the service wherever it is (entry point, -p, conftest):
 # seeded order, and lockstep Hypothesis for every @given run inside a world
 # (without it, ranks draw different examples and desync).
-pytest_plugins = ["launch.shuffle", "launch.given_lockstep"]
+pytest_plugins = ["launch.shuffle", "launch.hypo.lockstep"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,15 +61,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dist-start-after", default=None, metavar="NODEID",
                 help="deselect the collected tests up to and including NODEID "
                      "(resumes a run that a hang or a dead rank stopped)")
-    from launch.sim_mode import add_options  # --dist-sim: simulated worlds
+    from launch.modes.simulated import add_options  # --dist-sim: simulated worlds
 
     add_options(parser)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from launch.sim_mode import SimHooks
+    from launch import hookspecs
 
-    pluginmanager.add_hookspecs(SimHooks)
+    hookspecs.register(pluginmanager)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,7 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
     nested = owner is not None and owner in (str(os.getpid()), str(os.getppid()))
     mode: Mode
     if os.environ.get(SERVER_ENV) and not nested:
-        from launch.server import Server
+        from launch.modes.server import Server
 
         mode = Server(config)
         os.environ[RANK_PID_ENV] = str(os.getpid())
@@ -93,23 +93,23 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.getoption("dist_sim", False):
             raise pytest.UsageError("--dist-sim runs simulated worlds inside one process; "
                                     "run it under plain pytest, not torchrun")
-        from launch.lockstep import Lockstep
+        from launch.modes.lockstep import Lockstep
 
         mode = Lockstep(config)
         os.environ[RANK_PID_ENV] = str(os.getpid())
     else:
         if _is_xdist_controller(config):
             if config.getoption("dist_sim", False):
-                from launch.sim_mode import SimTally
+                from launch.modes.simulated import SimTally
 
                 config.pluginmanager.register(SimTally(), "launch-sim-tally")
             return
         if config.getoption("dist_sim", False):
-            from launch.sim_mode import SimMode
+            from launch.modes.simulated import SimMode
 
             mode = SimMode(config)
         else:
-            from launch.parent import Parent
+            from launch.modes.parent import Parent
 
             mode = Parent(config)
     config.pluginmanager.register(mode, "launch-mode")

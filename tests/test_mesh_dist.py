@@ -269,12 +269,12 @@ def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
 @pytest.mark.world_size(4)
 def test_a_sub_world_swapped_in_and_out_leaves_the_worlds_groups_alone(world) -> None:
     # Under torchrun the test service runs 2-rank tests on ranks 0-1 by
-    # swapping a 2-rank sub-world into c10d (launch/subworld.py) and back.
+    # swapping a 2-rank sub-world into c10d (launch/rank/subworld.py) and back.
     # Ranks 0-1 must come back to the 4-rank world's groups as they left them:
     # a hook that took the swapped-out world for a destroyed one dropped them
     # there only, and the flatten property hung (ranks 0-1 failed re-creating
     # groups by their registered names, ranks 2-3 waited in a broadcast).
-    from launch.subworld import create
+    from launch.rank.subworld import create
 
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
     before = mesh.get_all_groups()

@@ -1,6 +1,6 @@
 """Covers: dtensor/testing/strategies.py, dtensor/testing/asserts.py,
 dtensor/testing/impl.py (single process, no process group) and the profiles
-and example-database mirror of launch/hypothesis_lockstep.py."""
+and example-database mirror of launch/hypo/profiles.py."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def test_tolerances_are_dtype_aware():
 def test_profiles_are_registered_without_timing_or_explain():
     from hypothesis import HealthCheck, Phase
 
-    import launch.hypothesis_lockstep  # noqa: F401 - registers the profiles
+    import launch.hypo.profiles  # noqa: F401 - registers the profiles
 
     ci = settings.get_profile("ci")
     assert ci.derandomize and ci.deadline is None and ci.database is None
@@ -210,7 +210,7 @@ def test_database_mirror_replays_rank_zero_reads_in_order():
     import torch.distributed as dist
     from hypothesis.database import InMemoryExampleDatabase
 
-    from launch.hypothesis_lockstep import _MirrorDB
+    from launch.hypo.profiles import _MirrorDB
 
     store = dist.HashStore()
     real = InMemoryExampleDatabase()

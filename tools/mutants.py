@@ -460,7 +460,7 @@ def _pytest(target: str, nproc: int, profile: str, mutant: str | None,
             first_failure: bool = False) -> tuple[set, float, str]:
     """(failed test ids, pytest's seconds, output) of the suite at ``target``."""
     cmd = [*LOCK, "torchrun", f"--nproc_per_node={nproc}", "-m", "pytest", "-p",
-           "launch.hypothesis_lockstep", target, "-q", "-rf", "-p", "no:cacheprovider",
+           "launch.hypo.profiles", target, "-q", "-rf", "-p", "no:cacheprovider",
            f"--hypothesis-profile={profile}", *(["-x"] if first_failure else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("DTENSOR_MUTANT", None)
@@ -491,7 +491,7 @@ def run(name: str, nproc: int, target: str | None, profile: str,
         Path(LOG_DIR[0], f"{name}.log").write_text(out)
     new = sorted(failed - baseline[target])
     replay = (f"DTENSOR_MUTANT={name} torchrun --nproc_per_node={nproc} -m pytest "
-              f"-p launch.hypothesis_lockstep '{{test}}' --hypothesis-profile={profile}")
+              f"-p launch.hypo.profiles '{{test}}' --hypothesis-profile={profile}")
     return bool(new), dt, _excerpt(out, new, replay)
 
 

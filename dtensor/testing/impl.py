@@ -188,11 +188,11 @@ def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool) -> t
 
 def _world_key() -> str:
     # A mesh holds the process groups of the world it was built in; under a
-    # test service that swaps sub-worlds in (launch/subworld.py) the same
+    # test service that swaps sub-worlds in (launch/rank/subworld.py) the same
     # layout names different groups in each world, so the cache is per world.
     from dtensor import _comm
 
-    # And per rank: a simulated world (launch/sim.py) hosts every rank in
+    # And per rank: a simulated world (launch/sim/world.py) hosts every rank in
     # this process, and a mesh holds its own rank's coordinate and groups.
     return f"{_comm.world_tag()}/{_comm.get_rank()}"
 

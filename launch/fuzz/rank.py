@@ -248,9 +248,9 @@ def _digest(text: str) -> str:
 
 class _SimWorld:
     """The slices of a ``--sim N`` session: every rank is a thread of this
-    process (``launch.sim_mode`` runs a ``world_size(n)`` test on n threads,
+    process (``launch.modes.simulated`` runs a ``world_size(n)`` test on n threads,
     one Hypothesis engine fanning each example out to them through
-    ``launch.sim_fanout``, which takes the slice's settings: its seed,
+    ``launch.sim.fanout``, which takes the slice's settings: its seed,
     ``max_examples`` and database), so one process plans,
     runs and records; no store, no torchrun."""
 

@@ -1,4 +1,4 @@
-"""Covers: launch/lockstep.py, launch/watchdog.py, launch/cli.py, black-box.
+"""Covers: launch/modes/lockstep.py, launch/rank/watchdog.py, launch/cli.py, black-box.
 
 One ``python -m launch`` run of a child suite with every fault kind at 2 ranks:
 each fault fails only its own test, with the rank and test named, within its

@@ -1,4 +1,4 @@
-"""Covers: launch/given_lockstep.py for Hypothesis runs that are not plain
+"""Covers: launch/hypo/lockstep.py for Hypothesis runs that are not plain
 ``@given`` world tests, black-box under torchrun N=2 (no conftest: the
 installed entry point loads the service).
 

@@ -1,4 +1,4 @@
-"""Covers: launch/lockstep.py and launch/watchdog.py across nodes, black-box:
+"""Covers: launch/modes/lockstep.py and launch/rank/watchdog.py across nodes, black-box:
 two torchrun "nodes" on this machine (``--nnodes=2``, c10d rendezvous on
 loopback) run one suite in lockstep: one report on global rank 0, per-node
 logs, and a node killed mid-test is named within the watchdog bound."""

@@ -1,4 +1,4 @@
-"""Covers: launch/parent.py and launch/server.py, black-box: plain pytest runs
+"""Covers: launch/modes/parent.py and launch/modes/server.py, black-box: plain pytest runs
 world_size-marked tests in worlds it launches, reports them as ordinary
 results (``-k``, ``-x``, ``--lf``, junit), and replaces a world that a hang or a
 dead rank broke; pytest-xdist workers launch separate worlds."""

@@ -1,4 +1,4 @@
-"""Covers: launch/sim_mode.py and launch/sim_fanout.py (``pytest --dist-sim``):
+"""Covers: launch/modes/simulated.py and launch/sim/fanout.py (``pytest --dist-sim``):
 world_size tests run with n ranks as threads of one process, @given tests in
 lockstep across them, failures with simulated and real Replay lines, and
 ``--dist-sim-confirm`` telling runtime bugs from simulator faults."""
@@ -152,11 +152,11 @@ import torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
 
-import launch.sim_fanout
+import launch.sim.draws
 
 # A draw that waits for the other ranks must never wait for its own copy: no
 # fallback timeout here, so a draw that is not replayed hangs the test.
-launch.sim_fanout._COPY_WAIT_S = 3600
+launch.sim.draws._COPY_WAIT_S = 3600
 SEEN = {}
 LOCK = threading.Lock()
 
@@ -210,7 +210,7 @@ def test_plain_draws_are_copied_collective_and_stateful_ones_replayed(child) -> 
 def test_a_malformed_smaller_worlds_hook_answer_names_the_hook(answer) -> None:
     from types import SimpleNamespace
 
-    from launch.sim_mode import SimMode
+    from launch.modes.simulated import SimMode
 
     mode = SimMode.__new__(SimMode)
     mode.config = SimpleNamespace(hook=SimpleNamespace(
@@ -231,7 +231,8 @@ def test_plain_copies_equal_deepcopy_views_and_leaves_included() -> None:
 
     import torch
 
-    from launch.sim_fanout import _SLOW, _copy_plain, _private
+    from launch.sim.copies import _SLOW, _copy_plain
+    from launch.sim.copies import private as _private
 
     base = torch.arange(12.0).reshape(3, 4)
     leaf = torch.ones(2, requires_grad=True)
@@ -297,7 +298,7 @@ def test_plain_copies_share_immutable_values_as_deepcopy_does() -> None:
     import torch
 
     from dtensor import Partial, Replicate, Shard
-    from launch.sim_fanout import _private
+    from launch.sim.copies import private as _private
 
     @dataclasses.dataclass(frozen=True)
     class Case:

@@ -1,4 +1,4 @@
-"""Covers: launch/sim.py (ranks as threads over the threaded process group) and
+"""Covers: launch/sim/world.py (ranks as threads over the threaded process group) and
 the runtime's per-rank state (dtensor/_rank_state.py, meshes keyed by rank,
 dtensor/_comm.py's per-world group cache) in such a world."""
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launch.sim import SimAbort, SimWorld, entered
+from launch.sim.threaded import entered
+from launch.sim.world import SimAbort, SimWorld
 
 pytestmark = pytest.mark.skipif(
     "RANK" in os.environ, reason="a simulated world swaps this process's c10d world; "
@@ -61,7 +62,7 @@ def test_each_thread_is_its_own_rank_and_a_failure_releases_the_others() -> None
 
 
 def test_reduce_scatter_max_in_a_simulated_world() -> None:
-    # PyTorch's threaded group reduce-scatters with SUM/AVG only; launch.sim
+    # PyTorch's threaded group reduce-scatters with SUM/AVG only; launch.sim.threaded
     # adds the other ops (Partial(max) -> Shard needs MAX).
     from dtensor import _comm
 
@@ -156,7 +157,7 @@ def test_random_state_is_per_rank_and_replicas_agree() -> None:
 
 
 def test_on_wait_refuses_a_non_callable() -> None:
-    from launch.sim import on_wait
+    from launch.sim.turn import on_wait
 
     with pytest.raises(TypeError, match="expected a callable taking no arguments, got 3"):
         on_wait(3)
@@ -205,7 +206,7 @@ def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
     for a while, the waiting ranks run without it."""
     import threading
 
-    from launch import sim
+    from launch.sim.turn import turn
 
     here = [threading.Event(), threading.Event()]
 
@@ -217,14 +218,14 @@ def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
         return rank
 
     w = SimWorld(2)
-    before = sim.turn.missed
+    before = turn.missed
     try:
         outs = _run(w, body, timeout=60)
     finally:
         with entered():
             w.close()
     assert [o.value for o in outs] == [0, 1], [o.error for o in outs]
-    assert sim.turn.missed > before
+    assert turn.missed > before
 
 
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RUSAGE_THREAD"),

@@ -1,4 +1,4 @@
-"""Covers: launch/subworld.py and launch/rank.py, black-box: under a torchrun
+"""Covers: launch/rank/subworld.py and launch/rank/core.py, black-box: under a torchrun
 world of N ranks a world_size(n) test sees a world of exactly n, with bare
 collectives (no ``group=``), ``dist.get_world_size()``, ``dist.barrier()``,
 ``dist.new_group``, ``all_gather`` and the env, and the full world is back afterwards."""

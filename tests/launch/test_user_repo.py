@@ -1,5 +1,5 @@
-"""Covers: launch/parent.py, launch/procs.py, launch/server.py (recovery),
-launch/given_lockstep.py, launch/lockstep.py (resume lines, interruption),
+"""Covers: launch/modes/parent.py, launch/rank/procs.py, launch/modes/server.py (recovery),
+launch/hypo/lockstep.py, launch/modes/lockstep.py (resume lines, interruption),
 black-box, as a new user meets the service: a repository outside this one,
 with no conftest and no ini file, the project installed in this venv (as
 ``pip install -e .`` / CI do), run with plain pytest, ``pytest -n 2`` and

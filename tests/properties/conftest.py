@@ -9,7 +9,7 @@ world, on the DTensor implementation ``--dtensor-impl`` names.
 - ``--property-summary``: after the run, one line per distributed property:
   pass / FAIL / skip.
 - Both appear in the ``Replay:`` line of the lockstep Hypothesis plugin
-  (``launch.hypothesis_lockstep``, loaded by the root conftest, keeps the
+  (``launch.hypo.profiles``, loaded by the root conftest, keeps the
   ranks' examples identical) through its ``pytest_lockstep_replay_args`` hook.
 
 This glue lives here, not in ``launch/``: the test service never imports

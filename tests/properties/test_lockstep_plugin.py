@@ -1,4 +1,4 @@
-"""Covers: launch/hypothesis_lockstep.py end to end, black-box: a 2-rank
+"""Covers: launch/hypo/profiles.py end to end, black-box: a 2-rank
 torchrun world runs a generated test file and we read its report.
 
 - a failure on rank 1 only is raised on both ranks, which shrink to the same
@@ -55,7 +55,7 @@ def _run(tmp_path: Path, *args: str) -> str:
               "TORCHELASTIC_RUN_ID", "LAUNCH_SERVER", "DTENSOR_MUTANT"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "pytest", "-p", "launch.hypothesis_lockstep", "-p", "no:cacheprovider",
+           "-m", "pytest", "-p", "launch.hypo.profiles", "-p", "no:cacheprovider",
            f"--rootdir={tmp_path}", "-q", *args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=240)
@@ -77,7 +77,7 @@ def test_failures_agree_shrink_identically_and_divergence_is_named(tmp_path):
     assert "example failed on rank(s) [1] of [0, 1]: x=7" in out, out[-3000:]
     assert "rank 0 (call)" in out and "rank 1 (call)" in out, out[-3000:]
     assert out.count("x=7") >= 2  # both ranks report the same minimal example
-    assert "Replay: torchrun --nproc_per_node=2 -m pytest -p launch.hypothesis_lockstep " \
+    assert "Replay: torchrun --nproc_per_node=2 -m pytest -p launch.hypo.profiles " \
         "'test_generated.py::test_fails_on_rank_one_only' --hypothesis-profile=ci" in out
     assert "ranks diverged at example" in out and "first differing rank is 1" in out
     assert "2 failed" in out

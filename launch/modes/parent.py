@@ -4,7 +4,7 @@ Unmarked tests run here as usual. A ``world_size(n)``-marked test runs in a
 world of n ranks that this process launches through ``torch.distributed.run``
 on the first test needing it and keeps for the session (one world per size).
 The parent hosts a TCPStore; the ranks run pytest in server mode
-(``launch.server``) over the same test files; the parent sends test ids and
+(``launch.modes.server``) over the same test files; the parent sends test ids and
 logs the reports it gets back as the item's own, so ids, tracebacks, ``-k``,
 ``-x``, ``--lf`` and junit work as for any test.
 
@@ -16,7 +16,7 @@ at a time when a failure may stop the session (``-x``, ``--maxfail``,
 
 A world that dies (hang, dead rank) fails the test it was running, with the
 ranks' report; the parent then ends it completely (torchrun and every rank
-process of it, ``launch.procs``) and the next test of that size gets a fresh
+process of it, ``launch.rank.procs``) and the next test of that size gets a fresh
 world. A world that dies before answering its first test is started once
 more; if that one dies too, its tests fail with both worlds' logs (each rank
 logs from its first moment, so a rank that dies while starting says why).
@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from launch.procs import WORLD_ID_ENV, end_world
+from launch.rank.procs import WORLD_ID_ENV, end_world
 from launch.world import (
     LOCAL_WORLD,
     LOG_ENV,
@@ -60,7 +60,7 @@ class _World:
     store: Any  # PrefixStore(prefix, parent's store), as the ranks see it
     proc: subprocess.Popen
     log_path: Path
-    world_id: str = ""  # the tag on every process of this world (launch.procs)
+    world_id: str = ""  # the tag on every process of this world (launch.rank.procs)
     seq: int = 0  # the last test sent (tests are numbered 1, 2, ... per world)
     ahead: dict[str, int] = field(default_factory=dict)  # sent, not yet read: id -> seq
     read: int = 0  # the last seq whose results the parent read
@@ -216,7 +216,7 @@ class Parent:
         start = f"during {item.nodeid}" if self._started(w) else "while starting (no test ran in it)"
         lines = [f"launch: the {w.n}-rank world {why} {start}",
                  f"logs: {w.log_path} and {self.log_dir}/{w.prefix}-rank<k>.log"]
-        # NOTE: each rank logs from its first moment (launch.server), so a rank
+        # NOTE: each rank logs from its first moment (launch.modes.server), so a rank
         # that died while starting says why here, not only in torchrun's log.
         for r in range(w.n):
             path = self.log_dir / f"{w.prefix}-rank{r}.log"

@@ -1,11 +1,11 @@
 """Simulated mode (``pytest --dist-sim``): ``world_size(n)`` tests run with n
-ranks as n threads of this process (``launch.sim``), not n processes.
+ranks as n threads of this process (``launch.sim.world``), not n processes.
 
 Unmarked tests run as usual. For a marked test, setup and teardown (fixtures)
 run once on the main thread, which is no rank; the test function itself runs
 on every rank thread, each with its own ``world`` (rank, size, group). A
 ``@given`` test runs one Hypothesis engine on the main thread and every
-example on all rank threads (``launch.sim_fanout``). The ranks' outcomes are
+example on all rank threads (``launch.sim.fanout``). The ranks' outcomes are
 combined as in a real world: all pass, or the test fails with every failing
 rank's error, or all skip.
 
@@ -38,21 +38,13 @@ from typing import Any
 
 import pytest
 
-from launch import sim
+from launch.sim import world as sim
+from launch.sim.threaded import entered
 from launch.world import World, timeout_of, world_size_of
 
 __all__ = ["SimMode", "SimTally", "add_options"]
 
 CONFIRM_ENV = "LAUNCH_SIM_CONFIRMING"  # set in the real-world re-run of a failure
-
-
-class SimHooks:
-    @pytest.hookspec(firstresult=True)
-    def pytest_dist_sim_smaller_worlds(self, item: pytest.Item, size: int) -> list | None:
-        """The same test at smaller world sizes, as ``[(m, nodeid, env), ...]``
-        (``env``: variables the run at m needs). A project whose tests take
-        their world size from a parameter implements it; without it,
-        ``--dist-sim-confirm`` only re-runs the failure at its own size."""
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -139,12 +131,12 @@ class SimMode:
             return kw
 
         if given:
-            from launch.sim_fanout import SimFanout
+            from launch.sim.fanout import SimFanout
 
             fan = SimFanout(item, w, timeout, replay=self.replay(item, n),
                             rank_kwargs=rank_kwargs,
                             max_examples=self.config.getoption("dist_sim_examples"))
-            with sim.entered(), fan:
+            with entered(), fan:
                 try:
                     item.obj(**base)  # the engine here; every example on every rank
                 except Exception as err:
@@ -156,7 +148,7 @@ class SimMode:
                 finally:
                     self.examples += fan.examples
             return
-        with sim.entered():
+        with entered():
             outs = w.run(lambda rank: item.obj(**rank_kwargs(rank, base)), timeout)
         self._combine(item, n, outs)
 
@@ -321,7 +313,7 @@ class SimMode:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         for w in list(sim._worlds.values()):
-            with sim.entered():
+            with entered():
                 w.close()
         out = getattr(self.config, "workeroutput", None)
         if out is not None:  # an xdist worker: its controller sums the workers'

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from _pytest.runner import runtestprotocol
 
 from launch import agree
-from launch.subworld import SubWorld, create
-from launch.watchdog import Watchdog
+from launch.rank.subworld import SubWorld, create
+from launch.rank.watchdog import Watchdog
 from launch.world import World, timeout_of
 
 LONG = timedelta(hours=24)  # store waits; the watchdog bounds them

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from launch import agree
-from launch.given_lockstep import RUN_NPROC_ENV
-from launch.rank import (
+from launch.hypo.lockstep import RUN_NPROC_ENV
+from launch.rank.core import (
     LONG,
     RankCore,
     drop_junitxml,

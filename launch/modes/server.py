@@ -1,5 +1,5 @@
 """Server mode: this process is one rank of a world that a parent pytest
-launched (``launch.parent``). It collects the test files the parent named,
+launched (``launch.modes.parent``). It collects the test files the parent named,
 then runs the tests the parent sends, in lockstep with its peers.
 
 Protocol (keys under the world's prefix in the parent's store): tests are
@@ -26,7 +26,7 @@ import pytest
 import torch.distributed as dist
 
 from launch import agree
-from launch.rank import (
+from launch.rank.core import (
     LONG,
     RankCore,
     drop_junitxml,

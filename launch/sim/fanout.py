@@ -1,0 +1,182 @@
+"""Hypothesis in a simulated world: one engine, every example fanned out to
+the rank threads.
+
+A real world runs one Hypothesis engine per rank process and keeps them in
+step (``launch.hypo.lockstep``). In a simulated world the ranks share one
+interpreter, so the service runs **one** engine, on the main thread, and
+hands each example to every rank thread (``SimWorld.run``): the ranks get the
+same drawn values by construction, the engine's generation, shrinking and
+database work is done once instead of n times, and nothing the engines
+share (Python's ``random``, Hypothesis' caches) can make the ranks draw
+different examples, which is what broke an engine-per-thread design.
+
+The engine runs with the settings a real rank's engine gets (no deadline,
+no timing health checks, no ``explain`` phase), so a derandomized run draws
+the same example sequence simulated and real, hence gives the same verdicts.
+
+Draws made inside the test body (``st.data()``) are shared too: the first
+rank to reach its k-th draw draws it from the engine (under a lock, with the
+engine's build context). A value that holds no rank state (numbers, shapes,
+dtypes, placements, plain tensors, containers and frozen dataclasses of
+them) is copied to every rank, the drawer included (the slot keeps the value
+as drawn, for the failure report). Any other value (a mesh holds its rank's
+groups), and any draw during which the drawer waits for the other ranks (a
+strategy that makes a group or runs a collective), is replayed instead: the
+others draw the same strategy through their own object on their own thread
+from the choices the engine makes, so each rank builds its own value, as
+each real rank does. A rank that draws more or fewer times than rank 0 is
+reported as a divergence. Examples must not depend on the rank: a strategy
+that reads the rank while drawing a plain value (``st.builds(dist.get_rank)``)
+gives every simulated rank the drawer's value.
+
+Per example the ranks' outcomes are combined as a real world combines them:
+a failure on any rank fails the example on all (one ``SimRankFailure`` naming
+the ranks, their errors and the drawn values, which the engine then shrinks);
+an assumption rejected anywhere rejects it; Hypothesis' own control flow
+(end of data, skips) is re-raised to the engine.
+
+Example (what ``launch.modes.simulated`` does for a ``@given`` test)::
+
+    with SimFanout(item, world, timeout=300, replay="Replay: ...",
+                   rank_kwargs=per_rank) as fan:
+        item.obj(**fixtures)          # Hypothesis runs here; bodies on the ranks
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis.control import _current_build_context, current_build_context
+from hypothesis.errors import UnsatisfiedAssumption
+
+from launch.sim.copies import is_data, private
+from launch.sim.draws import SharedDraws, drawer_waits
+from launch.sim.turn import on_wait
+from launch.sim.world import SimDivergence, SimRankFailure, SimWorld
+
+__all__ = ["SimDivergence", "SimFanout", "SimRankFailure"]
+
+_TIMING_CHECKS = ("too_slow", "differing_executors", "function_scoped_fixture")
+
+
+class SimFanout:
+    """Runs one ``@given`` test's engine here, its examples on ``world``'s ranks.
+
+    ``rank_kwargs(rank, kwargs)`` gives the keyword arguments of one rank's
+    call (e.g. its own ``world`` fixture value); drawn values are copied per
+    rank by the fan-out itself.
+    """
+
+    def __init__(self, item: pytest.Item, world: Any, timeout: float, replay: str,
+                 rank_kwargs: Callable[[int, dict], dict],
+                 max_examples: int | None = None) -> None:
+        self.item, self.world, self.n, self.replay = item, world, world.n, replay
+        self.timeout, self.rank_kwargs, self.max_examples = timeout, rank_kwargs, max_examples
+        self.fn = getattr(item.obj, "__func__", item.obj)
+        self.handle = self.fn.hypothesis
+        self.given = set(getattr(self.handle, "_given_kwargs", {}) or {})
+        self.examples = 0
+        self.deadline = 0.0
+
+    def __enter__(self) -> SimFanout:
+        from hypothesis import HealthCheck, Phase, settings
+
+        on_wait(drawer_waits)
+
+        fn = self.fn
+        self._saved = (self.handle.inner_test, fn._hypothesis_internal_use_settings)
+        current = fn._hypothesis_internal_use_settings
+        checks = list(dict.fromkeys([*current.suppress_health_check,
+                                     *(getattr(HealthCheck, c) for c in _TIMING_CHECKS)]))
+        more = {"max_examples": self.max_examples} if self.max_examples else {}
+        fn._hypothesis_internal_use_settings = settings(
+            current, **more, deadline=None, suppress_health_check=checks,
+            phases=[p for p in current.phases if p != Phase.explain])
+        inner = self.handle.inner_test
+
+        @functools.wraps(inner)
+        def fanned_out(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            return self._example(inner, args, kwargs)
+
+        self.handle.inner_test = fanned_out
+        self.deadline = time.monotonic() + self.timeout
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.inner_test, self.fn._hypothesis_internal_use_settings = self._saved
+
+    # -- one example ------------------------------------------------------------
+    def _example(self, inner: Any, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
+        context = current_build_context()
+        left = max(self.deadline - time.monotonic(), 1.0)
+        shared = {k: SharedDraws(v, context, self.n, left) for k, v in kwargs.items()
+                  if k in self.given and is_data(v)}
+        drawn = {k: v for k, v in kwargs.items() if k in self.given and k not in shared}
+
+        def on_rank(rank: int) -> Any:
+            kw = self.rank_kwargs(rank, kwargs)
+            if rank:
+                kw.update((k, private(v)) for k, v in drawn.items())
+            kw.update((k, s.for_rank(rank)) for k, s in shared.items())
+            try:
+                with _current_build_context.with_value(context):
+                    return inner(*args, **kw)
+            except (Exception, SystemExit):
+                raise
+            except BaseException as e:
+                # Control flow (end of data, a skip) on one rank must not leave
+                # the others waiting for it in a collective.
+                SimWorld._release(e)
+                raise
+
+        outs = self.world.run(on_rank, left)
+        self.examples += 1
+
+        def texts() -> str:  # only for a report: reprs of tensors are slow
+            return "; ".join(t for t in (
+                ", ".join(f"{k}={v!r}" for k, v in sorted(drawn.items())),
+                *(t for s in shared.values() for t in s.texts)) if t)[:1500]
+
+        hung = [o.rank for o in outs if o.hung]
+        if hung:
+            raise SimDivergence(f"{self.item.nodeid}: rank(s) {hung} of the simulated "
+                                f"{self.n}-rank world hung on example: {texts()}. {self.replay}")
+        for s in shared.values():
+            off = [r for r, c in enumerate(s.counts) if c != s.counts[0]]
+            if off and not any(o.error is not None for o in outs):
+                raise SimDivergence(
+                    f"{self.item.nodeid}: rank(s) {off} drew {[s.counts[r] for r in off]} "
+                    f"values, rank 0 drew {s.counts[0]}: examples must not depend on the "
+                    f"rank. {self.replay}")
+        failed = [o for o in outs if isinstance(o.error, Exception) and not o.aborted
+                  and not isinstance(o.error, UnsatisfiedAssumption)]
+        if failed:
+            lines = [f"example failed on rank(s) {[o.rank for o in failed]} of "
+                     f"{list(range(self.n))} (simulated world): {texts()}"]
+            for o in failed[:4]:
+                err = o.error
+                tb = "".join(traceback.format_exception(type(err), err, err.__traceback__,
+                                                        limit=-4))[-2500:]
+                lines.append(f"----- rank {o.rank} -----\n{tb.rstrip()}")
+            if len(failed) > 4:
+                lines.append(f"(and {len(failed) - 4} more ranks)")
+            lines.append(self.replay)
+            raise SimRankFailure("\n".join(lines)) from failed[0].error
+        control = [o for o in outs if o.error is not None and not isinstance(o.error, Exception)]
+        if control:
+            raise control[0].error
+        if any(isinstance(o.error, UnsatisfiedAssumption) for o in outs):
+            raise UnsatisfiedAssumption()
+        aborted = [o for o in outs if o.error is not None]
+        if aborted:  # released from a collective with no failure anywhere
+            raise SimDivergence(f"{self.item.nodeid}: rank(s) {[o.rank for o in aborted]} "
+                                f"were released from a collective: {aborted[0].error}. "
+                                f"{self.replay}")
+        return outs[0].value
