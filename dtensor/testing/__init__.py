@@ -18,6 +18,8 @@ from dtensor.testing.oracle import (
     reference_block,
     reference_coordinate,
 )
+from dtensor.testing.partial_inputs import PartialSplit, from_pieces, partial_splits
+from dtensor.testing.rule_case import RuleCounterexample, Sample
 from dtensor.testing.strategies import (
     DTYPES,
     DistributedInput,
@@ -31,11 +33,15 @@ from dtensor.testing.strategies import (
     tensor_shapes,
     tensors,
 )
+from dtensor.testing.verify import verify_rule
 
 __all__ = [
     "DTYPES",
     "IMPLS",
     "DistributedInput",
+    "PartialSplit",
+    "RuleCounterexample",
+    "Sample",
     "Impl",
     "MeshLayout",
     "agree_on",
@@ -45,9 +51,11 @@ __all__ = [
     "assert_matches_single_device",
     "distributed_inputs",
     "dtypes",
+    "from_pieces",
     "get_impl",
     "mesh_layouts",
     "mesh_shapes",
+    "partial_splits",
     "placements",
     "reference_block",
     "reference_coordinate",
@@ -55,4 +63,5 @@ __all__ = [
     "tensor_shapes",
     "tensors",
     "tolerances",
+    "verify_rule",
 ]
