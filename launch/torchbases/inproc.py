@@ -8,6 +8,11 @@ destroy would end the world). While such a test's setup, call and teardown
 run, c10d holds a world of its own, empty at first and kept between the
 tests of the session (a continuous local base keeps its fake group for the
 class); the rank's world is put back after each phase.
+
+PyTorch's DTensor caches sharding decisions by mesh shape, and a cached
+result carries the mesh it was made on: a fake 4-rank mesh and the rank's
+real 4-rank mesh compare equal, so a cached spec would name the other
+world's groups. Those caches are emptied whenever c10d changes worlds here.
 """
 
 from __future__ import annotations
@@ -30,9 +35,32 @@ def own_world() -> Iterator[None]:
     rank_world = _capture()
     hook = sys.excepthook  # init_process_group wraps it; keep the service's
     _install(_own)
+    forget_dtensor_caches()
     try:
         yield
     finally:
         sys.excepthook = hook
         _own = _capture()
         _install(rank_world)
+        forget_dtensor_caches()
+
+
+def forget_dtensor_caches() -> None:
+    """Empty PyTorch's DTensor caches that hold meshes (if it is loaded)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    import torch
+
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    api = sys.modules.get("torch.distributed.tensor._api")
+    prop = getattr(getattr(getattr(api, "DTensor", None), "_op_dispatcher", None),
+                   "sharding_propagator", None)
+    for fn in (getattr(prop, "propagate_op_sharding", None),
+               getattr(sys.modules.get("torch.distributed.tensor._redistribute"),
+                       "_gen_transform_infos", None),
+               getattr(getattr(sys.modules.get("torch.distributed.tensor._collective_utils"),
+                               "MeshTopoInfo", None), "build_from_mesh", None)):
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()

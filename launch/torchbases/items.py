@@ -75,7 +75,7 @@ class TorchBaseMethod(TestCaseFunction):
 
     def setup_for(self, kind: str, run_as: str, n: int | None, skip: str | None) -> None:
         """Mark this item for the way the session runs it (see the module)."""
-        self.kind, self.run_as = kind, run_as
+        self.kind, self.run_as, self.n = kind, run_as, n or 1
         cls = self.parent.obj
         # pytest made the instance while building the item, before this
         # choice; make it again (a rank's is the ranked class)
@@ -92,7 +92,6 @@ class TorchBaseMethod(TestCaseFunction):
         if skip is not None:
             self.add_marker(pytest.mark.skip(reason=skip))
             return
-        self.n = n or 1
         self.add_marker(pytest.mark.world_size(self.n))
         t = kinds.timeout_override(self.name)
         if t is not None and marked_timeout(self) is None:
