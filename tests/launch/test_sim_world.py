@@ -228,35 +228,6 @@ def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
     assert turn.missed > before
 
 
-@pytest.mark.skipif(not hasattr(__import__("resource"), "RUSAGE_THREAD"),
-                    reason="per-thread context switch counts are Linux's")
-def test_a_collective_wakes_each_waiting_rank_once() -> None:
-    """The turn goes from hand to hand: a rank waiting in a collective
-    sleeps until the turn reaches it, once. (Waking every waiter at the end
-    of a collective to race for the turn cost ~23 thread switches per 4-rank
-    all-reduce, and ~450 us of CPU.) Each rank's own voluntary switches over
-    200 all-reduces stay near one per collective."""
-    import resource
-
-    rounds = 200
-
-    def body(rank: int) -> tuple[float, int]:
-        t = torch.ones(4)
-        dist.all_reduce(t)  # settle: the first collective of a world does more
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-        for _ in range(rounds):
-            t = torch.ones(4)
-            dist.all_reduce(t)
-        return t[0].item(), resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
-
-    outs = _run_in_new_world(4, body)
-    assert all(o.error is None for o in outs), [o.error for o in outs]
-    assert [o.value[0] for o in outs] == [4.0] * 4
-    switches = sum(o.value[1] for o in outs)
-    # ~5 a round (3 of 4 ranks wait); the old race made ~17.
-    assert switches <= 8 * rounds, f"{switches} thread switches for {rounds} all-reduces"
-
-
 def test_a_failure_after_a_collective_leaves_the_others_its_result() -> None:
     """The last rank into a collective moves the data and goes on; if it then
     fails (releasing the world), the ranks still waiting for their turn get
