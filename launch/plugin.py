@@ -44,8 +44,9 @@ __all__ = ["SERVER_ENV", "Mode", "World", "mode_of", "timeout_of", "world_size",
 
 # Loaded with the service wherever it is (entry point, -p, conftest):
 # seeded order, and lockstep Hypothesis for every @given run inside a world
-# (without it, ranks draw different examples and desync).
-pytest_plugins = ["launch.shuffle", "launch.hypo.lockstep"]
+# (without it, ranks draw different examples and desync); classes of
+# PyTorch's distributed test bases run on the service's worlds (torchbases).
+pytest_plugins = ["launch.shuffle", "launch.hypo.lockstep", "launch.torchbases.hooks"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
