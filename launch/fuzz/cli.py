@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
 # The plugins every session needs, whatever the repository's conftest loads:
 # the loop, and the lockstep Hypothesis profiles (``fuzz``). Loading a module
 # that a conftest names too is harmless: pytest registers a name once.
-PLUGINS = ["-p", "launch.fuzz.rank", "-p", "launch.hypothesis_lockstep"]
+PLUGINS = ["-p", "launch.fuzz.rank", "-p", "launch.hypo.profiles"]
 
 
 def _preflight(args: argparse.Namespace, pytest_args: list[str]) -> str:
@@ -169,7 +169,7 @@ def _preflight(args: argparse.Namespace, pytest_args: list[str]) -> str:
     cmd = [sys.executable, "-m", "pytest", *PLUGINS, "-p", "no:cacheprovider",
            "--hypothesis-profile=fuzz", "--collect-only", "-q", *pytest_args]
     env = {k: v for k, v in os.environ.items() if k != R.DIR_ENV}
-    env[R.CHECK_ENV] = "1"
+    env["LAUNCH_FUZZ_CHECK"] = "1"  # launch.fuzz.rank prints the @given count
     p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                        text=True)
     out = (p.stdout + p.stderr).strip()
