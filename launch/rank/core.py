@@ -183,11 +183,26 @@ class RankCore:
         verdicts = [v.decode() for v in got]
         location = item.location if item is not None else (nodeid.split("::")[0], None, nodeid)
         if not member:
+            if item is not None and any(agree.failed(v) for v in verdicts[:n]):
+                count_failure(item.session)
             return [agree.make_report(nodeid, location, "setup", "skipped",
                                       (location[0], 0, f"Skipped: rank {self.rank} is not in "
                                        f"the {n}-rank sub-world of this test"))]
         decision = agree.decide(verdicts, tuple(range(n)))
         return agree.apply(decision, reports, nodeid, location)
+
+    def collection_errors(self, errors: int) -> str | None:
+        """None when no rank had a collection error, else the reason every
+        rank stops with (an error in a module with no test on any rank leaves
+        the ids equal; the rank with it would stop alone)."""
+        st = self.store
+        st.set(f"collerr/{self.rank}", str(errors))
+        errs = [int(v) for v in st.multi_get([f"collerr/{r}" for r in range(self.size)])]
+        bad = [r for r, e in enumerate(errs) if e]
+        if not bad:
+            return None
+        return (f"{max(errs)} errors during collection on rank{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))}")
 
     def agree_collection(self, ids: list[str]) -> str | None:
         """Compare the ordered test ids of every rank (one set, one multi_get);
@@ -201,6 +216,16 @@ class RankCore:
         st.set(f"ids/{self.rank}", json.dumps(ids))
         all_ids = [json.loads(v) for v in st.multi_get([f"ids/{r}" for r in range(self.size)])]
         return collection_mismatch(all_ids)
+
+
+def count_failure(session: pytest.Session) -> None:
+    """Count a failure that this rank logs as a skip (it is outside the
+    test's sub-world) as pytest counts a failed report, so that ``-x`` and
+    ``--maxfail`` stop every rank after the same test."""
+    session.testsfailed += 1
+    maxfail = session.config.getvalue("maxfail")
+    if maxfail and session.testsfailed >= maxfail:
+        session.shouldfail = f"stopping after {session.testsfailed} failures"
 
 
 def collection_mismatch(all_ids: list[list[str]]) -> str:
