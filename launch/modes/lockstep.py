@@ -121,8 +121,9 @@ class Lockstep:
     # -- the test loop ------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        if session.testsfailed and not session.config.option.continue_on_collection_errors:
-            raise session.Interrupted(f"{session.testsfailed} errors during collection")
+        errors = self.core.collection_errors(session.testsfailed)  # on any rank: all stop
+        if errors and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(errors)
         if session.config.option.collectonly:
             return True
         if self.rank == 0 and self.resume:
