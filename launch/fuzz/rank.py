@@ -44,6 +44,15 @@ START_ENV = "LAUNCH_FUZZ_START"  # epoch seconds: this session's start
 SIM_ENV = "LAUNCH_FUZZ_SIM"  # ranks of the simulated world (--sim N); unset under torchrun
 
 
+CHECK_ENV = "LAUNCH_FUZZ_CHECK"  # the launcher's check before a session: count only
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get(CHECK_ENV):
+        n = sum(_is_given(it) for it in session.items)
+        print(f"\nlaunch fuzz: {n} @given tests of {len(session.items)}", flush=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(DIR_ENV):
         config.pluginmanager.register(_Loader(), "launch-fuzz-loader")
@@ -154,11 +163,11 @@ class FuzzLoop:
         # slice; tear down what this item does not share, keep the rest.
         session._setupstate.teardown_exact(item)
         t = time.time()
+        size = min(world_size_of(item) or self.size, self.size)  # the sub-world that runs it
         try:
             if self.world is not None:
                 reports = self.world.run(item)
             else:
-                size = min(world_size_of(item) or self.size, self.size)
                 reports = self.mode.core.run(item, item.nodeid, item.parent, f"fz{k}", size)
         finally:
             fn._hypothesis_internal_use_settings, handle.inner_test = saved
@@ -166,13 +175,15 @@ class FuzzLoop:
         failed = [r for r in reports if r.failed]
         skipped = [r for r in reports if r.skipped]
         # Every rank posts the last example it ran (the shrunk one after a
-        # failure): the report says whether all ranks ended on the same one.
+        # failure): the report says whether all ranks that ran it (the first
+        # ``size`` of a larger world) ended on the same one.
         if self.store is None:
-            per_rank = {str(r): _digest(t) for r, t in sorted(self.probe.lasts.items())}
+            per_rank = {str(r): _digest(t) for r, t in sorted(self.probe.lasts.items())
+                        if r < size}
         else:
             self.store.set(f"last/{k}/{self.rank}", _digest(self.probe.last))
             per_rank = {str(r): v.decode() for r, v in enumerate(
-                self.store.multi_get([f"last/{k}/{r}" for r in range(self.size)]))}
+                self.store.multi_get([f"last/{k}/{r}" for r in range(size)]))}
         if self.rank == 0:
             self._fold(item, n, dt, failed, skipped, per_rank)
         fatal = any(w in (r.longreprtext or "") for r in failed
