@@ -54,19 +54,37 @@ class World:
 @runtime_checkable
 class Mode(Protocol):
     """What the plugin asks of the mode object it registers as ``launch-mode``
-    (one per session: lockstep, server, parent; a simulated-world mode adds
-    itself the same way).
+    (one per session: lockstep, server, parent or simulated).
 
-    ``ranks_here`` says whether this process is itself a rank that runs every
-    collected test (lockstep, server): then every item is distributed (its
-    timeout belongs to the watchdog) and CUDA is checked per local rank.
+    ``name`` is the mode's name (``"lockstep"``, ``"server"``, ``"parent"``,
+    ``"simulated"``), for messages and for plugins that work in some modes
+    only. ``ranks_here`` says whether this process is itself a rank that runs
+    every collected test (lockstep, server): then every item is distributed
+    (its timeout belongs to the watchdog) and CUDA is checked per local rank.
+    ``store`` is a c10d store every rank process of the session reaches
+    (None where the ranks are threads of this process, or none is here).
     ``world_for(n)`` is the ``world`` fixture's value for a test of
-    ``world_size(n)`` (None: unmarked) in this process.
+    ``world_size(n)`` (None: unmarked) in this process. ``run(item, n)`` runs
+    one item's setup, call and teardown on a world of ``n`` ranks (None: the
+    item's own ``world_size``, else the whole world), agreed as the mode
+    agrees, and returns this process's reports without logging them; the
+    item's own fixtures are torn down, module and session ones stay up. Where
+    ranks are processes, every rank makes the same calls in the same order.
+
+    Example (a plugin that runs an item once more, in any mode)::
+
+        mode = launch.plugin.mode_of(config)
+        reports = mode.run(item, world_size_of(item))
+        failed = [r for r in reports if r.failed]
     """
 
+    name: str
     ranks_here: bool
+    store: Any
 
     def world_for(self, n: int | None) -> World: ...
+
+    def run(self, item: pytest.Item, n: int | None) -> list[pytest.TestReport]: ...
 
 
 LOCAL_WORLD = World(0, 1, (0,), None)  # the ``world`` of a test in one plain process

@@ -34,6 +34,7 @@ from launch.fuzz.probe import ArcTracer, Probe
 from launch.fuzz.replay import from_lockstep
 from launch.fuzz.scheduler import Scheduler
 from launch.fuzz.session import Session, parse_failure
+from launch.plugin import mode_of
 
 DIR_ENV = "LAUNCH_FUZZ_DIR"  # the session folder (state.json, inflight.json)
 DEADLINE_ENV = "LAUNCH_FUZZ_DEADLINE"  # epoch seconds: no slice starts after it
@@ -81,13 +82,13 @@ class FuzzLoop:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        mode = self.config.pluginmanager.get_plugin("launch-mode")
+        mode = mode_of(self.config)
         sim_n = int(os.environ.get(SIM_ENV) or 0)
-        if type(mode).__name__ != ("SimMode" if sim_n else "Lockstep"):
+        if mode is None or mode.name != ("simulated" if sim_n else "lockstep"):
             raise pytest.UsageError(
                 "launch fuzz: run the ranks under torchrun, or with "
                 f"{SIM_ENV} under pytest --dist-sim (python -m launch fuzz [--sim N] does); "
-                f"got mode {type(mode).__name__}")
+                f"got mode {getattr(mode, 'name', None)}")
         if session.config.option.collectonly:
             return True
         from hypothesis.database import DirectoryBasedExampleDatabase
@@ -99,7 +100,7 @@ class FuzzLoop:
             import torch.distributed as dist
 
             self.mode, self.rank, self.size = mode, dist.get_rank(), dist.get_world_size()
-            self.store, self.world = dist.PrefixStore("fuzz/", mode.core.store), None
+            self.store, self.world = dist.PrefixStore("fuzz/", mode.store), None
         self.db_path = os.environ.get(DB_ENV, str(self.dir / "db"))
         self.db = DirectoryBasedExampleDatabase(self.db_path)
         items = [it for it in session.items if _is_given(it)]
@@ -165,10 +166,7 @@ class FuzzLoop:
         t = time.time()
         size = min(world_size_of(item) or self.size, self.size)  # the sub-world that runs it
         try:
-            if self.world is not None:
-                reports = self.world.run(item)
-            else:
-                reports = self.mode.core.run(item, item.nodeid, item.parent, f"fz{k}", size)
+            reports = self.mode.run(item, world_size_of(item))
         finally:
             fn._hypothesis_internal_use_settings, handle.inner_test = saved
         dt = time.time() - t
@@ -283,16 +281,6 @@ class _SimWorld:
             size = world_size_of(it) or 1
             if size > self.n:
                 sched.skip(it.nodeid, f"world_size({size}) > --sim {self.n}")
-
-    def run(self, item: pytest.Item) -> list[Any]:
-        """Setup, call and teardown of ``item``, reported to nobody (the
-        session's state records the slice). As in the lockstep loop, the
-        item's parent is "next": the item's own fixtures (its parameters
-        included) are torn down, so the next slice of the same item sets
-        them up again; module and session fixtures stay up."""
-        from _pytest.runner import runtestprotocol
-
-        return runtestprotocol(item, log=False, nextitem=item.parent)
 
 
 def _param_id(item: pytest.Item) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from launch.rank.core import (
     init_process_group,
     redirect_terminal,
 )
+from launch.modes.resume import nodes_text, resume_command
 from launch.world import world_size_of
 
 STATUS_ENV = "LAUNCH_STATUS_FILE"  # set by `python -m launch`: exit 0, status here
@@ -37,7 +37,8 @@ RUN_DIR_ENV = "LAUNCH_RUN_DIR"
 
 
 class Lockstep:
-    ranks_here = True  # launch.world.Mode: this process is a rank
+    name = "lockstep"  # launch.world.Mode
+    ranks_here = True  # this process is a rank
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -60,6 +61,7 @@ class Lockstep:
         self.fatal = False
         self.finished = False
         self.current = 0  # index of the test running (or next to run)
+        self.runs = 0  # run() calls (each one's store key)
 
     # -- configure / session start ---------------------------------------
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -92,7 +94,7 @@ class Lockstep:
 
     def pytest_report_header(self) -> list[str]:
         return [f"launch: lockstep, {self.size} ranks ({self.backend}), "
-                f"{_nodes(self.local, self.size)}attempt "
+                f"{nodes_text(self.local, self.size)}attempt "
                 f"{self.attempt}; rank logs: {self.run_dir}/rank<k>.log"]
 
     # -- collection agreement ---------------------------------------------
@@ -144,8 +146,7 @@ class Lockstep:
     def _protocol(self, item: pytest.Item, nextitem: pytest.Item | None, i: int) -> None:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        n = world_size_of(item) or self.size
-        reports = self.core.run(item, item.nodeid, nextitem, str(i), min(n, self.size))
+        reports = self._run(item, world_size_of(item), nextitem, str(i))
         for rep in reports:
             ihook.pytest_runtest_logreport(report=rep)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -354,32 +355,19 @@ class Lockstep:
     def world_for(self, n: int | None) -> Any:
         return self.core.world_for(n)
 
+    @property
+    def store(self) -> Any:
+        return self.core.store
 
-def _nodes(local: int, world: int) -> str:
-    return f"{world // max(local, 1)} nodes of {local}, " if world > local else ""
+    def run(self, item: pytest.Item, n: int | None) -> list[Any]:
+        """``launch.world.Mode.run``: on ranks ``0..n-1`` (a sub-world when
+        n is smaller than the world), every rank agreeing."""
+        self.runs += 1
+        return self._run(item, n, item.parent, f"run{self.runs}")
 
-
-def resume_command(config: pytest.Config, after: str | None, local: int, world: int) -> str:
-    """The torchrun command line that reruns this session after test ``after``,
-    on the run's own layout: ``local`` ranks per node, ``world`` in all."""
-    nodes = max(1, world // max(local, 1))
-    args, skip = [], False
-    for a in config.invocation_params.args:
-        if skip:
-            skip = False
-            continue
-        if a == "--dist-start-after":
-            skip = True
-            continue
-        if not a.startswith("--dist-start-after="):
-            args.append(a)
-    cmd = ["torchrun", f"--nproc_per_node={local}"]
-    if nodes > 1:
-        cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
-    cmd += ["-m", "pytest", *args]
-    if after is not None:
-        cmd.append(f"--dist-start-after={after}")
-    return shlex.join(cmd)
+    def _run(self, item: pytest.Item, n: int | None, nextitem: pytest.Item | None,
+             key: str) -> list[Any]:
+        return self.core.run(item, item.nodeid, nextitem, key, min(n or self.size, self.size))
 
 
 def _run_dir(config: pytest.Config) -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from launch.rank.logs import rank_story, tail
 from launch.rank.procs import WORLD_ID_ENV, end_world
 from launch.world import (
     LOCAL_WORLD,
@@ -70,7 +71,9 @@ class _World:
 
 
 class Parent:
-    ranks_here = False  # launch.world.Mode: ranks are other processes
+    name = "parent"  # launch.world.Mode
+    ranks_here = False  # ranks are other processes
+    store = None  # each launched world has its own
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -221,8 +224,8 @@ class Parent:
         for r in range(w.n):
             path = self.log_dir / f"{w.prefix}-rank{r}.log"
             errs = sorted(self.log_dir.glob(f"{w.prefix}-std/*/attempt_0/{r}/stderr.log"))
-            lines.append(f"--- rank {r} ({path.name}) ---\n{_rank_story(path, errs)}")
-        lines.append(f"--- last lines of {w.log_path.name} ---\n{_tail(w.log_path, 8)}")
+            lines.append(f"--- rank {r} ({path.name}) ---\n{rank_story(path, errs)}")
+        lines.append(f"--- last lines of {w.log_path.name} ---\n{tail(w.log_path, 8)}")
         return "\n".join(lines)
 
     # -- worlds -------------------------------------------------------------------
@@ -335,6 +338,16 @@ class Parent:
             sizes = ", ".join(str(n) for n in sorted(self.worlds))
             terminalreporter.write_line(f"launch: worlds of {sizes} ranks; logs in {self.log_dir}")
 
+    def run(self, item: pytest.Item, n: int | None) -> list[Any]:
+        """``launch.world.Mode.run``: in this process when the item has no
+        world size, else on the launched world of its size."""
+        n = n or world_size_of(item)
+        if n is None:
+            from _pytest.runner import runtestprotocol
+
+            return runtestprotocol(item, log=False, nextitem=item.parent)
+        return self._run(item, n)
+
     def world_for(self, n: int | None) -> World:
         return LOCAL_WORLD  # a world_size test never runs here; unmarked ones see one process
 
@@ -343,47 +356,3 @@ def _timeout(item: pytest.Item, default: float) -> float:
     from launch.world import timeout_of
 
     return timeout_of(item, default)
-
-
-def _tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of ``path``, without Python traceback frames
-    and warnings (torchrun's own tracebacks are long and say little)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    keep = [ln for ln in text if not ln.startswith(("  File ", "    ", "  cpu = "))
-            and "Warning:" not in ln]
-    return "\n".join(keep[-lines:]) or "(empty)"
-
-
-_NOISE = ("/_pytest/", "/pluggy/", "<frozen ", "/launch/")
-
-
-def _rank_story(path: Path, stderr: list[Path]) -> str:
-    """How far a rank got, from its log: its last ``launch:`` line, and the
-    last stack dump's header and innermost frames outside pytest (faulthandler
-    writes them on a crash, an abort or torchrun's SIGTERM)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        text = []
-    out = [ln for ln in text if ln.startswith("launch: ")][-1:]
-    heads = [i for i, ln in enumerate(text) if "(most recent call first)" in ln]
-    if heads:
-        i = heads[0] if len(heads) == 1 else next(
-            (h for h in heads if text[h].startswith("Current thread")), heads[-1])
-        fatal = [ln for ln in text[:i] if ln.startswith(("Fatal Python error", "====="))]
-        out += fatal[-1:] + [text[i]]
-        frames = []
-        for ln in text[i + 1:]:
-            if not ln.startswith("  File "):
-                break
-            if not any(n in ln for n in _NOISE):
-                frames.append(ln)
-        out += frames[:6]
-    for err in stderr:
-        tail = _tail(err, 6)
-        if tail != "(empty)":
-            out.append(f"stderr ({err}):\n{tail}")
-    return "\n".join(out) or "(empty log: the rank never got to pytest's configure)"

@@ -38,7 +38,10 @@ from launch.world import LOG_ENV, PREFIX_ENV, SERVER_ENV
 
 
 class Server:
-    ranks_here = True  # launch.world.Mode: this process is a rank
+    name = "server"  # launch.world.Mode
+    ranks_here = True  # this process is a rank
+    store: Any = None  # the parent's store under this world's prefix (once configured)
+    runs = 0  # run() calls (each one's store key)
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -129,3 +132,10 @@ class Server:
 
     def world_for(self, n: int | None) -> Any:
         return self.core.world_for(n)
+
+    def run(self, item: pytest.Item, n: int | None) -> list[Any]:
+        """``launch.world.Mode.run`` on this world's ranks (the test loop runs
+        the parent's tests through ``RankCore.run`` under the parent's keys)."""
+        self.runs += 1
+        size = min(n or self.core.size, self.core.size)
+        return self.core.run(item, item.nodeid, item.parent, f"run{self.runs}", size)

@@ -66,7 +66,9 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 class SimMode:
+    name = "simulated"  # launch.world.Mode
     ranks_here = False  # the process is no rank: only world_size tests are distributed
+    store = None  # the ranks are threads of this process
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -92,6 +94,17 @@ class SimMode:
         if n is not None and dist.is_initialized():
             return World(dist.get_rank(), n, tuple(range(n)), dist.group.WORLD)
         return World(0, n or 1, tuple(range(n or 1)), None)
+
+    def run(self, item: pytest.Item, n: int | None) -> list[Any]:
+        """``launch.world.Mode.run``: the item's own ``world_size`` on threads
+        (``n`` must be that size or None)."""
+        from _pytest.runner import runtestprotocol
+
+        own = world_size_of(item)
+        if n is not None and n != (own or 1):
+            raise ValueError(f"simulated run of {item.nodeid}: n={n}, but the test is "
+                             f"world_size({own}); pass n=None or {own}")
+        return runtestprotocol(item, log=False, nextitem=item.parent)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:

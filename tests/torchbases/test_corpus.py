@@ -1,0 +1,129 @@
+"""Covers: launch/torchbases (classes of PyTorch's distributed test bases run
+unchanged on the service's worlds).
+
+The corpus files beside this one (``corpus_*.py``; not collected by
+``pytest tests/``) hold classes of every base, with methods that pass, fail
+on one rank, skip, hang, and lose a rank. Each is run in a fresh folder
+(no conftest, the project installed) by the bases' own harness
+(``-p no:launch.plugin``) and by the service in each mode; every method's
+verdict, read from the junit file, must be the corpus' ``EXPECTED`` one
+for that harness. Where the two columns differ it is on purpose (the table
+in docs/test-service.md), which ``test_the_harnesses_agree_but_where_documented``
+pins.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("expecttest", reason="torch's test bases need expecttest (test extra)")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+CORPUS = ("corpus_procs.py", "corpus_continuous.py", "corpus_inproc.py")
+# Differences between the bases' own harness and the service, each on purpose.
+DOCUMENTED = {
+    "Continuous::test_d_after_the_failure",  # own: skipped after a failure
+    "Collectives::test_inspects_spawned_processes",  # service: no spawned processes
+}
+_WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER",
+              "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "LAUNCH_RANK_PID")
+
+
+def expected(files: tuple[str, ...] = CORPUS) -> dict[str, tuple[str, str]]:
+    """method id -> (verdict under the own harness, under the service)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name in files:
+        tree = ast.parse((HERE / name).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "EXPECTED":
+                for k, v in ast.literal_eval(node.value).items():
+                    out[k] = (v, v) if isinstance(v, str) else tuple(v)
+    return out
+
+
+def verdicts(junit: Path) -> dict[str, str]:
+    """``Class::method`` -> passed / failed / skipped, from a junit file."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        key = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        out[key] = ("failed" if kinds & {"failure", "error"} else
+                    "skipped" if "skipped" in kinds else "passed")
+    return out
+
+
+def commands(files: tuple[str, ...]) -> dict[str, list[str]]:
+    py, base = sys.executable, ["-q", "-p", "no:cacheprovider", "--junitxml=out.xml"]
+    return {
+        "own": [py, "-m", "pytest", "-p", "no:launch.plugin", *base, *files],
+        "plain": [py, "-m", "pytest", *base, *files],
+        "xdist": [py, "-m", "pytest", "-n", "2", *base, *files],
+        "torchrun": [py, "-m", "launch", "--nproc-per-node", "4", "--", *base, *files],
+        "sim": [py, "-m", "pytest", "--dist-sim", *base, *files],
+    }
+
+
+def run_corpus(tmp: Path, mode: str, files: tuple[str, ...] = CORPUS
+               ) -> tuple[dict[str, str], str]:
+    """Run the corpus files in ``tmp`` in ``mode``: (verdicts, output)."""
+    for name in files:
+        shutil.copy(HERE / name, tmp / name)
+    env = {k: v for k, v in os.environ.items() if k not in _WORLD_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run(commands(files)[mode], cwd=tmp, env=env, capture_output=True,
+                       text=True, timeout=1200)
+    out = p.stdout + p.stderr
+    assert (tmp / "out.xml").exists(), out[-4000:]
+    return verdicts(tmp / "out.xml"), out
+
+
+def _check(got: dict[str, str], want: dict[str, str], out: str) -> None:
+    diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+    assert not diff and set(got) == set(want), (
+        f"(got, expected) per method: {diff}; extra: {set(got) - set(want)}\n{out[-6000:]}")
+
+
+def test_the_harnesses_agree_but_where_documented() -> None:
+    both = expected()
+    assert len(both) >= 30
+    differ = {k for k, (own, ours) in both.items() if own != ours}
+    assert differ == DOCUMENTED
+
+
+needs_own_worlds = pytest.mark.skipif(
+    "RANK" in os.environ, reason="starts its own worlds; run it with plain pytest")
+
+
+@needs_own_worlds
+def test_the_bases_own_harness_gives_the_expected_verdicts(tmp_path: Path) -> None:
+    got, out = run_corpus(tmp_path, "own")
+    _check(got, {k: v[0] for k, v in expected().items()}, out)
+
+
+@needs_own_worlds
+@pytest.mark.parametrize("mode", ["plain", "xdist", "torchrun"])
+def test_the_service_gives_the_same_verdicts(tmp_path: Path, mode: str) -> None:
+    got, out = run_corpus(tmp_path, mode)
+    _check(got, {k: v[1] for k, v in expected().items()}, out)
+    # the service's own reports, not the bases' (their harness loses ranks)
+    assert "failed on rank 1 of 2 (rank 0: passed)" in out
+    assert "timed out after 8 s" in out and "dead ranks: 1" in out
+    assert "reads self.processes" in out or mode == "xdist"  # -rs is not on
+
+
+@needs_own_worlds
+def test_in_process_bases_under_simulated_worlds(tmp_path: Path) -> None:
+    files = ("corpus_inproc.py",)
+    got, out = run_corpus(tmp_path, "sim", files)
+    _check(got, {k: v[1] for k, v in expected(files).items()}, out)
