@@ -13,6 +13,8 @@ a padded collective moves. It mirrors what ``redistribute.execute`` sends:
 - ``gather``: every rank contributes the (padded) piece rank 0 holds:
   ``(n-1) * numel``;
 - ``slice`` and ``to_partial`` are local: 0. Axes of size 1 cost 0.
+- consecutive ``reduce`` steps of one op (``reduce_runs``) are one all-reduce
+  over all their ranks: ``2 (N-1)/N * numel``, N the product of their sizes.
 
 ``cheapest_moves`` searches the orderings of the moves the executor
 supports (Dijkstra over placement states); the planner compares its answer
@@ -33,7 +35,9 @@ from collections.abc import Sequence
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
 
-__all__ = ["can_cut", "cheapest_moves", "even_shape", "move_cost", "plan_cost"]
+__all__ = [
+    "can_cut", "cheapest_moves", "even_shape", "move_cost", "plan_cost", "reduce_runs",
+]
 
 Move = tuple[int, str, Placement]  # (mesh axis, step kind, placement after)
 
@@ -117,11 +121,40 @@ def move_cost(
     return _cost(block, math.prod(block), mesh_shape[axis], kind, _code(new))
 
 
+def reduce_runs(steps) -> dict[int, int]:
+    """``{first: end}`` for each run of two or more consecutive ``reduce`` steps
+    with one reduce op: ``steps[first:end]`` run as one all-reduce over the
+    group spanning their mesh axes (what a flattened mesh's group does in
+    PyTorch), one collective instead of one per axis, for the bytes of one
+    all-reduce over all their ranks."""
+    runs, i = {}, 0
+    while i < len(steps):
+        j = i
+        while (j < len(steps) and steps[j].kind == "reduce"
+               and steps[j].src.reduce_op == steps[i].src.reduce_op):
+            j += 1
+        if j - i >= 2:
+            runs[i] = j
+        i = max(j, i + 1)
+    return runs
+
+
 def plan_cost(steps, mesh_shape: Sequence[int], global_shape: Sequence[int]) -> float:
-    """Total ``move_cost`` of ``redistribute.Step`` values, in elements."""
-    return sum(
-        move_cost(s.before, s.axis, s.kind, s.dst, mesh_shape, global_shape) for s in steps
-    )
+    """Total ``move_cost`` of ``redistribute.Step`` values, in elements (a
+    ``reduce_runs`` run priced as its one all-reduce)."""
+    total, runs, i = 0.0, reduce_runs(steps), 0
+    while i < len(steps):
+        s = steps[i]
+        end = runs.get(i)
+        if end is None:
+            total += move_cost(s.before, s.axis, s.kind, s.dst, mesh_shape, global_shape)
+            i += 1
+            continue
+        block = _block(global_shape, mesh_shape, [_code(p) for p in s.before])
+        n = math.prod(mesh_shape[t.axis] for t in steps[i:end])
+        total += _cost(block, math.prod(block), n, "reduce", _R)
+        i = end
+    return total
 
 
 def _moves(cur: tuple, target: tuple, pending: frozenset, in_axis_order: bool, ndim: int):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from dtensor.errors import ShardingError
-from dtensor.placement import Partial, Placement, partial_to_replicate
+from dtensor.placement import Partial, Placement, Replicate, partial_to_replicate
 from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import redistribute_local
 from dtensor.spec import DTensorSpec
@@ -121,18 +121,24 @@ class _ToLocal(torch.autograd.Function):
 def grad_placements(src: Sequence[Placement], grad: Sequence[Placement]) -> tuple[Placement, ...]:
     """Layout the gradient of ``redistribute`` takes on its way back to ``src``.
 
-    Where the source was ``Partial`` the gradient keeps the layout it arrives
-    in: the gradient is of the global value, which every layout of it holds
-    exactly, so reducing it there would only move bytes (an all-reduce of the
-    whole gradient per axis) that a later step reduces anyway. PyTorch's
-    ``Partial -> Partial`` backward keeps ``Partial(sum)`` for the same
-    reason. Every other axis takes the source's layout.
+    Where the source was ``Partial`` and the gradient arrives ``Partial``, it
+    stays so: reducing it there would only move bytes (an all-reduce of the
+    whole gradient per axis) that a later step reduces anyway, as in
+    PyTorch's ``Partial -> Partial`` backward. A gradient arriving in any
+    other layout becomes ``Replicate`` there (the gradient of each piece is
+    the full gradient): a sharded one is gathered once, here, rather than by
+    every op of the backward that would need it whole (a row-parallel
+    linear's ``Shard(0)`` output: one all-gather, not one per matmul). Every
+    other axis takes the source's layout.
 
     Example:
-        >>> grad_placements((Partial(), Shard(0)), (Partial(), Replicate()))
-        (Partial(reduce_op='sum'), Shard(dim=0))
+        >>> grad_placements((Partial(), Partial(), Shard(0)), (Partial(), Shard(0), Replicate()))
+        (Partial(reduce_op='sum'), Replicate(), Shard(dim=0))
     """
-    return tuple(g if isinstance(s, Partial) else s for s, g in zip(src, grad, strict=True))
+    return tuple(
+        (g if isinstance(g, Partial) else Replicate()) if isinstance(s, Partial) else s
+        for s, g in zip(src, grad, strict=True)
+    )
 
 
 def redistribute_cast(x, mesh, dst: tuple[Placement, ...], forward_dtype, backward_dtype):

@@ -60,7 +60,7 @@ def test_vector_norm_on_a_2d_mesh_and_of_partial_values(world) -> None:
         torch.testing.assert_close(torch.linalg.vector_norm(d, p).full_tensor(),
                                    torch.linalg.vector_norm(x, p), **TOL)
     got = torch.linalg.vector_norm(d, 2, dim=1)  # dim 0 stays sharded on axis 0
-    assert got.placements == (Shard(0), Replicate())
+    assert got.placements == (Shard(0), norm_partial(2.0))  # axis 1: pieces, nothing sent
     torch.testing.assert_close(got.full_tensor(), torch.linalg.vector_norm(x, 2, dim=1), **TOL)
     part = distribute_tensor(x, _mesh(4), [Partial()])  # rank 0 holds x, the others 0
     torch.testing.assert_close(torch.linalg.vector_norm(part, 2).full_tensor(),
@@ -74,9 +74,10 @@ def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
     d = distribute_tensor(x, _mesh(n), [Shard(0)])
     for p in (math.inf, -math.inf, 2):
         with CommCounter() as c:
-            got = torch.linalg.vector_norm(d, p)
-        assert torch.isnan(got.full_tensor()), p
-        # one float32's worth per norm on the wire, the NaN included
+            got = torch.linalg.vector_norm(d, p).full_tensor()
+        assert torch.isnan(got), p
+        # one float32's worth per norm on the wire (at the norm, or at its
+        # first use for norm pieces), the NaN included
         assert c.bytes == {"all_reduce": 4}, (p, c.bytes)
     y = torch.arange(4.0 * n) + 1
     y[-1] = math.inf  # a real inf is not a NaN

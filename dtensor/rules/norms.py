@@ -5,7 +5,9 @@ each rank computes its share (``sum |x|^p`` for finite ``p != 0``, the count
 of non-zeros for ``p = 0``, ``max |x|`` for ``inf``, ``min |x|`` for
 ``-inf``), one all-reduce (sum, max or min) per sharded mesh axis combines
 the shares, and finite ``p`` takes the ``1/p``-th root. The result is
-replicated on those axes. Dims that are not reduced keep their shards, and
+replicated on those axes. Orders ``p >= 0`` and ``inf`` send nothing instead:
+each rank's norm of its share is a piece of the result, ``Partial("norm<p>")``
+on those axes, as PyTorch's ``_NormPartial``; its first use reduces it. Dims that are not reduced keep their shards, and
 partial values are reduced first (a norm is not linear in its pieces).
 
 ``_foreach_norm`` (what ``clip_grad_norm_`` calls) sends nothing for an
@@ -142,10 +144,16 @@ def vector_norm_rule(call):
     keep = _partial_of(a.get(names[0]))
     if keep is not None and keep.norm_order == 0:
         keep = None
+    piece = _partial_of(a.get(names[0]))
     want, out, axes = [], [], []
     for axis, p in enumerate(spec.placements):
         if isinstance(p, Shard):
             want.append(p)
+            if p.dim in dims and piece is not None:
+                # Each rank's norm of its share is a piece of the norm (as in
+                # PyTorch): nothing sent; the first use reduces the result.
+                out.append(piece)
+                continue
             out.append(reduced_shard(p, dims, keepdim))
             if p.dim in dims:
                 axes.append(axis)
@@ -161,7 +169,19 @@ def vector_norm_rule(call):
         if keepdim or d not in dims
     )
     local = _combined_norm(tuple(axes)) if axes else None
+    if local is None and any(p == piece for p in out):
+        local = _norm_piece
     return Sharding((tuple(want),), (tuple(out),), local=local, shapes=(shape,))
+
+
+def _norm_piece(func, coord, out_specs, args, kwargs):
+    """This rank's norm of its share; 0 for an empty share (the identity of
+    pieces, norms being >= 0; torch refuses the inf-norm of an empty tensor)."""
+    x, p, dims, keepdim, dtype = _runtime_args(func, args, kwargs)
+    reduced = range(x.ndim) if dims is None else [norm_dim(d, x.ndim) for d in dims]
+    if math.prod(x.shape[d] for d in reduced) == 0:
+        p = 2.0
+    return torch.linalg.vector_norm(x, p, dims, keepdim, dtype=dtype)
 
 
 def _foreach_combined(groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]):

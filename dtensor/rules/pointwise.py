@@ -3,8 +3,10 @@
 The output keeps the first input's shards (mapped through broadcasting), so
 elementwise ops on identically placed operands never communicate. Partial
 operands survive only through linear ops (``neg``, ``add``/``sub`` of partial
-sums, ``mul``/``div`` of one partial operand by replicated values); any other
-op sees them reduced first.
+sums and replicated values, ``mul``/``div`` of one partial operand by
+replicated values, a second partial factor reduced) and through
+``maximum``/``minimum`` of ``Partial("max")``/``Partial("min")`` pieces; any
+other op sees them reduced first.
 """
 
 from __future__ import annotations
@@ -40,24 +42,49 @@ _SCALING = {
 }
 
 
-def _partial_ok(func, specs, axis: int) -> bool:
+# Max/min of pieces and replicated values: max_i max(a_i, b) = max(max_i a_i, b).
+_EXTREMUM = {aten.maximum.default: "max", aten.minimum.default: "min"}
+
+
+def _partial_inputs(func, specs, axis: int) -> tuple[Placement, tuple[Placement, ...]] | None:
+    """(output partial, each operand's placement) where the op keeps a
+    ``Partial`` operand on mesh ``axis`` partial; None where it must be reduced.
+
+    Kept as in PyTorch: ``add``/``sub`` of pieces of one linear kind and
+    replicated values (the replicated value becomes a piece: the value on one
+    coordinate, zeros elsewhere; local), ``mul``/``div`` of one piece by
+    replicated values (a second partial factor is reduced: one all-reduce,
+    not two), scaling ops, and ``maximum``/``minimum`` of ``Partial("max")``/
+    ``Partial("min")`` pieces with replicated values (other partials reduced).
+    """
     kinds = [s.placements[axis] for s in specs]
+    if any(isinstance(p, Shard) for p in kinds):
+        return None
     partial = [p for p in kinds if isinstance(p, Partial)]
+    if func in _EXTREMUM:
+        keep = Partial(_EXTREMUM[func])
+        if keep not in partial:
+            return None
+        return keep, tuple(keep if p == keep else Replicate() for p in kinds)
     if not all(p.is_linear for p in partial):
-        return False
+        return None
     if func in _SCALING:
-        return len(specs) == 1 or all(isinstance(p, Replicate) for p in kinds[1:])
+        if isinstance(kinds[0], Partial) and all(isinstance(p, Replicate) for p in kinds[1:]):
+            return kinds[0], tuple(kinds)
+        return None
     if func in _ADDITIVE:
         # NOTE: ``other`` may be a Python number (x + 1): adding it to every
         # piece of a partial sum would count it once per piece.
-        return len(specs) == 2 and len(set(kinds)) == 1
+        if len(specs) != 2 or len(set(partial)) != 1:
+            return None
+        return partial[0], (partial[0], partial[0])
     if func in _MULTIPLICATIVE:
-        if len(partial) != 1:
-            return False
-        if func in (aten.div.Tensor, aten.div_.Tensor) and not isinstance(kinds[0], Partial):
-            return False
-        return all(isinstance(p, (Partial, Replicate)) for p in kinds)
-    return False
+        # The numerator of a division; else the first partial factor.
+        first = 0 if func in (aten.div.Tensor, aten.div_.Tensor) else kinds.index(partial[0])
+        if not isinstance(kinds[first], Partial):
+            return None
+        return kinds[first], tuple(p if i == first else Replicate() for i, p in enumerate(kinds))
+    return None
 
 
 def pointwise_rule(call):
@@ -78,11 +105,14 @@ def pointwise_rule(call):
         return od
 
     out: list[Placement] = []
+    partial_inputs: dict[int, tuple[Placement, ...]] = {}  # axis -> operands' placements
     for axis in range(mesh_ndim):
         kinds = [s.placements[axis] for s in specs]
         choice: Placement = Replicate()
-        if any(isinstance(p, Partial) for p in kinds) and _partial_ok(func, specs, axis):
-            choice = next(p for p in kinds if isinstance(p, Partial))
+        kept = _partial_inputs(func, specs, axis) if any(
+            isinstance(p, Partial) for p in kinds) else None
+        if kept is not None:
+            choice, partial_inputs[axis] = kept
         else:
             candidates = specs[:1] if inplace else specs
             for s in candidates:
@@ -104,14 +134,13 @@ def pointwise_rule(call):
     # Operands take the output's shards (nested ones in mesh-axis order);
     # one that lacks them is redistributed.
     inputs = []
-    for s in specs:
+    for i, s in enumerate(specs):
         want = []
         for axis, choice in enumerate(out):
             if isinstance(choice, Shard):
                 want.append(shard_through_broadcast(choice, s.shape, shape))
             elif isinstance(choice, Partial):
-                p = s.placements[axis]
-                want.append(p if isinstance(p, Partial) else Replicate())
+                want.append(partial_inputs[axis][i])
             else:
                 want.append(Replicate())
         inputs.append(tuple(want))

@@ -4,7 +4,8 @@
 ``_to_copy`` (``.to(dtype)``) keeps the layout, partial sums included when
 the cast is linear (floating to floating). Constructors from a template
 follow its shards but never its partial values (``ones_like`` of a partial
-tensor is all ones, not a piece of them). ``equal`` compares blocks and
+tensor is all ones, not a piece of them); ``new_empty`` of the template's own
+size keeps its whole layout (no values to be wrong). ``equal`` compares blocks and
 and-s the verdict over the mesh, so every member rank gets the same answer.
 """
 
@@ -69,6 +70,28 @@ def new_rule(call):
     return Sharding((None,) * len(call.specs), (replicated(spec.mesh),))
 
 
+def new_empty_rule(call):
+    """``new_empty(size)``/``new_empty_strided(size, stride)`` of the template's
+    own size: the template's layout, partial axes included (the values are
+    undefined, so every layout holds them; autograd makes a gradient's copy
+    this way, and a partial gradient stays partial). Other sizes: replicated."""
+    spec = call.specs[0]
+    if tuple(bind(call)["size"]) != tuple(spec.shape) or new_rule(call) is None:
+        return new_rule(call)
+    local = None
+    if any(isinstance(p, Shard) for p in spec.placements):
+        local = _local_new_empty
+    return Sharding((None,), (spec.placements,), shapes=(spec.shape,), local=local)
+
+
+def _local_new_empty(func, coord, out_specs, args, kwargs):
+    """The op with this rank's block size (the template's block) for ``size``."""
+    block = args[0].shape
+    if func is aten.new_empty_strided.default:
+        return func(args[0], block, torch.empty(block, device="meta").stride(), *args[3:], **kwargs)
+    return func(args[0], block, *args[2:], **kwargs)
+
+
 def equal_rule(call):
     a, b = call.specs
     if a.shape != b.shape or a.dtype != b.dtype or a.has_partial() or b.has_partial():
@@ -91,11 +114,11 @@ RULES: dict = {
     aten.zeros_like.default: like_rule,
     aten.ones_like.default: like_rule,
     aten.full_like.default: like_rule,
-    aten.new_empty.default: new_rule,
+    aten.new_empty.default: new_empty_rule,
     aten.new_zeros.default: new_rule,
     aten.new_ones.default: new_rule,
     aten.new_full.default: new_rule,
-    aten.new_empty_strided.default: new_rule,
+    aten.new_empty_strided.default: new_empty_rule,
     aten.equal.default: equal_rule,
     aten.zero_.default: _partial_keeps_zero,
 }
