@@ -11,6 +11,7 @@ from dtensor.testing.asserts import (
     assert_matches_single_device,
     tolerances,
 )
+from dtensor.testing.certify import Certificate, certify_rule
 from dtensor.testing.impl import IMPLS, Impl, get_impl
 from dtensor.testing.oracle import (
     assert_coordinate,
@@ -38,6 +39,7 @@ from dtensor.testing.verify import verify_rule
 __all__ = [
     "DTYPES",
     "IMPLS",
+    "Certificate",
     "DistributedInput",
     "PartialSplit",
     "RuleCounterexample",
@@ -49,6 +51,7 @@ __all__ = [
     "assert_layout",
     "assert_local_is_empty",
     "assert_matches_single_device",
+    "certify_rule",
     "distributed_inputs",
     "dtypes",
     "from_pieces",
