@@ -25,7 +25,8 @@ from dtensor.placement import Placement, Replicate, Shard
 from dtensor.testing.meshes import MeshLayout, check_int, mesh_layouts
 from dtensor.testing.oracle import reference_block
 
-__all__ = ["BLOCK_CLASSES", "BlockCase", "block_class", "block_classes", "sharded_blocks"]
+__all__ = ["BLOCK_CLASSES", "BlockCase", "block_class", "block_classes", "mid_row_runs",
+           "sharded_blocks"]
 
 #: Shape classes of a block, simplest first.
 BLOCK_CLASSES = ("empty", "one_row", "run", "strided")
@@ -134,3 +135,42 @@ def sharded_blocks(*, world_size: int, kind: str,
     if kind not in BLOCK_CLASSES:
         raise InvalidArgument(f"{fn}: kind={kind!r} must be one of {BLOCK_CLASSES}")
     return _case(world_size, kind, allow_sub_meshes)
+
+
+@st.composite
+def _mid_row(draw, world_size: int, allow_sub_meshes: bool) -> BlockCase:
+    layout = draw(mesh_layouts(world_size=world_size, allow_sub_meshes=allow_sub_meshes))
+    axes = [a for a, n in enumerate(layout.shape) if n > 1]
+    if not axes:  # a one-rank (sub-)mesh: every block is the whole tensor
+        layout = MeshLayout((world_size,), tuple(range(world_size)))
+        axes = [0]
+    col_axis = draw(st.sampled_from(axes))
+    others = [a for a in axes if a != col_axis]
+    row_axis = draw(st.sampled_from(others)) if others else None
+    n_col = layout.shape[col_axis]
+    cols = draw(st.integers(n_col + 1, 3 * n_col + 1))  # uneven: runs start mid-row
+    lead = draw(st.integers(0, 2))  # size-1 dims before the rows
+    if row_axis is None:
+        shape = [1] * lead + [cols]
+        ps_by_axis = {col_axis: Shard(lead)}
+    else:  # one row per piece along row_axis: each block is one run of a row
+        rows = draw(st.integers(1, layout.shape[row_axis]))
+        mid = draw(st.integers(0, 1))  # size-1 dims between rows and columns
+        shape = [1] * lead + [rows] + [1] * mid + [cols]
+        ps_by_axis = {row_axis: Shard(lead), col_axis: Shard(lead + 1 + mid)}
+    ps = tuple(ps_by_axis.get(a, Replicate()) for a in range(layout.ndim))
+    return BlockCase(layout, tuple(shape), ps)
+
+
+def mid_row_runs(*, world_size: int,
+                 allow_sub_meshes: bool = False) -> st.SearchStrategy[BlockCase]:
+    """Layouts where ranks hold one contiguous run that starts mid-row: the
+    last dim is sharded unevenly and, where the mesh has two axes of size > 1,
+    another axis cuts the rows one per piece, so a block's offset is non-zero
+    in two dims (size-1 dims before and between them).
+
+    Example:
+        >>> mid_row_runs(world_size=4)   # e.g. ((2, 7), (S(0), S(1)) on (2, 2))
+    """
+    check_int("mid_row_runs", "world_size", world_size, min_value=2)
+    return _mid_row(world_size, allow_sub_meshes)

@@ -44,7 +44,7 @@ from dtensor.testing import (
     tensor_shapes,
     tensors,
 )
-from dtensor.testing.blocks import BLOCK_CLASSES, sharded_blocks
+from dtensor.testing.blocks import BLOCK_CLASSES, mid_row_runs, sharded_blocks
 
 pytestmark = pytest.mark.dist_timeout(180)
 
@@ -484,6 +484,24 @@ def test_random_blocks_of_every_shape_class(n_ranks, world, impl, kind, data):
                       ps=block.placements)
     for c in sorted(block.classes()):
         event(f"a {c} block")
+    mesh = impl.mesh(case.layout)
+    _seed(impl, case.seed)
+    gathered = _gather(_run(case, impl, mesh), world)
+    _seed(impl, case.seed)
+    expected = _reference(case, impl)
+    _check_outputs(gathered, expected, case, case.layout)
+
+
+@given(data=st.data())
+def test_random_runs_that_start_mid_row(n_ranks, world, impl, data):
+    """Blocks that are one contiguous run of the global tensor starting
+    mid-row, offset in two sharded dims where the mesh allows (one row per
+    piece, uneven columns, size-1 dims around them): every op gives each rank
+    its piece of the single-device stream."""
+    block = data.draw(mid_row_runs(world_size=world.size,
+                                   allow_sub_meshes=impl.sub_meshes), label="block")
+    case = _draw_case(data, impl, world.size, layout=block.layout, shape=block.shape,
+                      ps=block.placements)
     mesh = impl.mesh(case.layout)
     _seed(impl, case.seed)
     gathered = _gather(_run(case, impl, mesh), world)

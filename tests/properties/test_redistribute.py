@@ -10,11 +10,12 @@ single-device gradient.
 
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtensor.placement import REDUCE_OPS, Partial
+from dtensor.placement import REDUCE_OPS, Partial, Replicate
 from dtensor.testing import (
     agree_on,
     assert_matches_single_device,
@@ -24,6 +25,7 @@ from dtensor.testing import (
     placements,
     tensors,
 )
+from dtensor.testing.strategies import tensor_shapes
 
 
 def _inputs(data, world, impl, **kw):
@@ -115,3 +117,58 @@ def test_gradients_equal_single_device_gradients(n_ranks, world, impl, data):
     assert_matches_single_device(dt.grad, weight, msg=(
         f"gradient of sum(full_tensor * w) through {inp.placements} -> {dst}"))
 
+
+
+_OP_PAIRS = [(a, b) for a in REDUCE_OPS for b in REDUCE_OPS if a != b]
+_REDUCE = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}
+
+
+# Every ordered pairing in each example (one test, not twelve: ~1/4 the time).
+@settings(max_examples=max(4, settings.default.max_examples // 3))
+@given(data=st.data())
+def test_redistribute_mixed_partial_pieces_reduce_in_axis_order(n_ranks, world, impl, data):
+    """Two mesh axes hold Partial placements of different reduce ops, every
+    ordered pairing (sum, avg, max, min), with pieces that are arbitrary per
+    coordinate (not the affine pieces of ``from_blocks``, which reduce to the
+    same value in any order): the value is the pieces reduced in axis order
+    (axis 0 first, as docs/porting.md states), and the target — Shard,
+    Replicate, Partial of any kind on any axis — holds it on every rank."""
+    if not impl.mixed_partials:
+        pytest.skip(f"{impl.name}: one reduce op per placement tuple")
+    layout = data.draw(mesh_layouts(world_size=world.size, min_ndim=2), label="layout")
+    x_shape = data.draw(tensor_shapes(max_dims=2), label="shape")
+    axes = data.draw(st.permutations(range(layout.ndim)), label="axes")[:2]
+    rest = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=len(x_shape),
+                                allow_partial=False), label="other axes")
+    dtype = data.draw(st.sampled_from((torch.float64, torch.float32)), label="dtype")
+    sizes = [layout.shape[a] for a in sorted(axes)]
+    pieces = data.draw(tensors(shape=(*sizes, *x_shape), dtype=dtype, fills=("small",)),
+                       label="pieces")
+    dst = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=len(x_shape)), label="dst")
+    mesh = impl.mesh(layout)
+    coord = mesh.get_coordinate()
+    block_ps = tuple(Replicate() if a in axes else p for a, p in enumerate(rest))
+    # This rank's piece, cut to its block as the Shard/Replicate axes cut it.
+    local = (impl.from_blocks(pieces[tuple(coord[a] for a in sorted(axes))], mesh, block_ps)
+             .to_local() if coord is not None else None)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    errors = []
+    for ops in _OP_PAIRS:
+        src = list(rest)
+        for axis, op in zip(axes, ops, strict=True):
+            src[axis] = Partial(op)
+        src = tuple(src)
+        value = pieces
+        for a in sorted(axes):  # axis order: the lowest axis is reduced first
+            value = _REDUCE[src[a].reduce_op](value, dim=0)
+        mine = local if local is not None else torch.empty(0, dtype=dtype)
+        x = impl.DTensor.from_local(mine, mesh, impl.placements(src), shape=tuple(x_shape),
+                                    stride=value.stride())
+        y = x.redistribute(mesh, impl.placements(dst))
+        try:
+            assert_matches_single_device(y, value, **tol,
+                                         msg=f"redistribute {src} -> {dst}")
+        except AssertionError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]

@@ -21,7 +21,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtensor.testing import assert_matches_single_device, distributed_inputs, dtypes
+from dtensor.testing import (
+    assert_matches_single_device,
+    distributed_inputs,
+    dtypes,
+    mesh_layouts,
+)
 
 KINDS = ("good", "extra_row", "extra_dim", "dtype", "replica_values")
 
@@ -78,3 +83,53 @@ def test_run_check_accepts_good_blocks_and_rejects_bad_ones_everywhere(
     elif raised is None:
         pytest.fail(f"rank {world.rank}: {what}: returned {dt.shape} instead of raising "
                     "a ValueError on every rank")
+
+
+@given(data=st.data())
+def test_run_check_accepts_every_layout_and_replicas_agree_on_every_axis(
+        n_ranks, world, impl, data):
+    """Every valid layout — uneven and empty blocks, Partial pieces, 1-D to
+    3-D meshes, ``shape=`` given or not — is accepted; where every rank
+    holds its own values on the ``Replicate`` axes (two or more of them when
+    the mesh has the axes), each replica ends up with the values of the rank
+    at coordinate 0 on those axes, on every rank."""
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    inp = data.draw(distributed_inputs(
+        world_size=world.size, mesh_factory=impl.mesh, min_ndim=layout.ndim,
+        max_ndim=layout.ndim, mixed_reduce_ops=impl.mixed_partials,
+        dtype=dtypes(include=(torch.float32, torch.int64)), fills=("arange", "small")),
+        label="input")
+    layout, ps = inp.layout, list(inp.placements)
+    if data.draw(st.booleans(), label="replicate two axes") and layout.ndim >= 2:
+        for axis in data.draw(st.permutations(range(layout.ndim)), label="axes")[:2]:
+            ps[axis] = impl_replicate()
+    ps = tuple(ps)
+    give_shape = data.draw(st.booleans(), label="shape= given")
+    disagree = data.draw(st.booleans(), label="replicas disagree")
+    local = impl.from_blocks(inp.tensor, inp.mesh, ps).to_local().clone()
+    coord = inp.mesh.get_coordinate()
+    if disagree and coord is not None:
+        # Off coordinate 0 of a Replicate axis: other values than the first replica.
+        off = sum((c + 1) * (a + 1) for a, (c, p) in enumerate(zip(coord, ps, strict=True))
+                  if c and not p.is_shard() and not p.is_partial())
+        local = local + off
+    shape = tuple(inp.tensor.shape) if give_shape else None
+    what = (f"from_local(run_check=True, shape={shape}) on {[str(p) for p in ps]} of "
+            f"{layout}" + (", replicas disagree" if disagree else ""))
+    if not give_shape and not _inferable(inp.tensor.shape, layout.shape, ps):
+        shape = tuple(inp.tensor.shape)
+    dt = impl.DTensor.from_local(local, inp.mesh, impl.placements(ps), run_check=True,
+                                 shape=shape)
+    assert_matches_single_device(dt, inp.tensor, msg=what)
+
+
+def impl_replicate():
+    from dtensor.placement import Replicate
+
+    return Replicate()
+
+
+def _inferable(shape, mesh_shape, ps) -> bool:
+    """Whether the blocks' shapes name one global shape: a sharded dim of
+    size 0 (every block empty) cannot say how large the others are."""
+    return all(shape[p.dim] > 0 for p in ps if p.is_shard())

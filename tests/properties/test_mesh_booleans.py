@@ -1,0 +1,61 @@
+"""Covers: ops whose result is one Python value for the whole mesh
+(``equal``, ``allclose``, ``is_nonzero``, ``bool()``, ``item()``): dtensor's
+``scalar_reduce`` in dtensor/dispatch/execute.py and the rules that ask for it.
+
+Property: two DTensors with the same placements whose global values differ in
+exactly one element — so only the ranks holding that element see a
+difference in their blocks — give every rank the single-device answer; a
+tensor compared with itself (or an equal copy) gives ``True`` everywhere.
+Meshes are 1-D to 3-D over the world; placements are Shard of every dim,
+nested shards, Replicate and Partial.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dtensor.testing import mesh_layouts, placements, tensors
+from dtensor.testing.strategies import tensor_shapes
+
+
+def _ops():
+    return (
+        ("torch.equal(x, y)", lambda a, b: torch.equal(a, b)),
+        ("x.equal(x)", lambda a, b: a.equal(a)),
+        ("torch.allclose(x, y)", lambda a, b: torch.allclose(a, b)),
+        ("(x == y).all().item()", lambda a, b: bool((a == b).all().item())),
+        ("bool((x != y).any())", lambda a, b: bool((a != b).any())),
+        ("is_nonzero(x - y) of one element", lambda a, b: (
+            (a - b).sum().is_nonzero())),
+    )
+
+
+_NAMES = [n for n, _ in _ops()]
+
+
+@given(data=st.data())
+def test_mesh_wide_booleans_see_one_rank_differ(n_ranks, world, impl, data):
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    x = data.draw(tensors(shape=tensor_shapes(min_dims=1, min_side=1, max_side=5),
+                          dtype=torch.float32, fills=("arange", "small")), label="x")
+    ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=x.ndim,
+                              mixed_reduce_ops=impl.mixed_partials), label="placements")
+    differ = data.draw(st.booleans(), label="one element differs")
+    y = x.clone()
+    if differ:
+        flat = data.draw(st.integers(0, x.numel() - 1), label="element")
+        y.view(-1)[flat] += data.draw(st.sampled_from((1.0, -3.0, 0.5)), label="by")
+    name = data.draw(st.sampled_from(_NAMES), label="op")
+    fn = dict(_ops())[name]
+    mesh = impl.mesh(layout)
+    dx, dy = impl.from_blocks(x, mesh, ps), impl.from_blocks(y, mesh, ps)
+    expected = fn(x, y)
+    got = fn(dx, dy)
+    if mesh.get_coordinate() is None:
+        return  # outsiders: test_outsiders.py says what they get
+    assert got == expected, (
+        f"rank {world.rank}: {name} of {[str(p) for p in ps]} over {layout} "
+        f"({'one element differs' if differ else 'equal values'}): got {got!r}, "
+        f"single device {expected!r}")
