@@ -4,6 +4,8 @@
   command printed with a failed property (``NAME=value`` or an option).
 - ``pytest_dist_sim_smaller_worlds(item, size)``: the same test at smaller
   world sizes, for ``--dist-sim-confirm``.
+- ``pytest_launch_classify(config, values, op)``: the input classes of one
+  fuzzing example in the project's own terms (``python -m launch fuzz``).
 
 Example (a conftest)::
 
@@ -32,6 +34,15 @@ def pytest_dist_sim_smaller_worlds(item: pytest.Item, size: int) -> list | None:
     (``env``: variables the run at m needs). A project whose tests take
     their world size from a parameter implements it; without it,
     ``--dist-sim-confirm`` only re-runs the failure at its own size."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_launch_classify(config: pytest.Config, values: list, op: str) -> dict | None:
+    """Input classes of one fuzzing example, from its drawn ``(label, value)``
+    pairs and its op (a draw labelled ``op``, or the test's parametrization):
+    ``{class: value}``, e.g. ``{"mesh": "2x2", "dtype": "float32"}``. A class
+    value not seen before counts as progress for the scheduler. None: the
+    service's own classes (``launch.fuzz.probe.classify``: tensors only)."""
 
 
 def register(pluginmanager: pytest.PytestPluginManager) -> None:

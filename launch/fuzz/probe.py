@@ -12,16 +12,14 @@ plugin's wrapper, so it sees exactly what every rank sees). Per example it
 - before the example runs, writes it to ``inflight.json`` (rank 0), so a hang
   or a dead rank is recorded with the example that was running.
 
-Input classes come from the values by duck typing (this package never
-imports the runtime): mesh shape (a ``MeshLayout``/``DeviceMesh``-like
-value), placements (a tuple of ``Shard``/``Replicate``/``Partial``), dtype,
-op (a draw labelled ``op``, or the test's parametrization) and size
-(``empty`` / ``scalar`` / ``uneven`` / ``even``).
+Input classes come from the project's ``pytest_launch_classify`` hook
+(``launch.hookspecs``; the property suite's conftest implements it with
+DTensor's mesh and placement classes), else from ``classify`` here, which
+knows only tensors: dtype, op and size.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -32,9 +30,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ArcTracer", "Probe", "classify"]
-
-PLACEMENT_TYPES = {"Shard", "Replicate", "Partial", "_StridedShard", "StridedShard"}
-
 
 class ArcTracer:
     """Line-to-line arcs of code under ``root`` (negative line: entry/exit)."""
@@ -87,101 +82,54 @@ def _is_data(v: Any) -> bool:
 
 
 def classify(values: list[tuple[str, Any]], op: str = "") -> dict[str, str]:
-    """Input classes of one example from its ``(label, value)`` draws."""
+    """The service's own input classes of one example (a project refines them
+    with ``pytest_launch_classify``): dtype, op (a draw labelled ``op``, or
+    the test's parametrization) and size (``empty`` / ``scalar`` /
+    ``nonempty`` / ``none``), from tensors and int tuples among the draws."""
     found: dict[str, str] = {}
     shapes: list[tuple[int, ...]] = []
-    meshes: list[tuple[int, ...]] = []
-    places: list[tuple[Any, ...]] = []
 
     def walk(v: Any, depth: int) -> None:
-        tname = type(v).__name__
         if hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "numel"):
             found.setdefault("dtype", str(v.dtype).removeprefix("torch."))
             shapes.append(tuple(v.shape))
-            return
-        if tname == "dtype" and str(v).startswith("torch."):
+        elif type(v).__name__ == "dtype" and str(v).startswith("torch."):
             found.setdefault("dtype", str(v).removeprefix("torch."))
-            return
-        if tname in ("MeshLayout", "DeviceMesh") or (
-                hasattr(v, "ranks") and isinstance(getattr(v, "shape", None), tuple)):
-            shape = getattr(v, "shape", None)
-            if not isinstance(shape, tuple) and hasattr(v, "mesh"):
-                shape = tuple(v.mesh.shape)
-            if isinstance(shape, tuple):
-                meshes.append(tuple(int(s) for s in shape))
-            return
-        if isinstance(v, (tuple, list)) and v and all(
-                type(p).__name__ in PLACEMENT_TYPES for p in v):
-            places.append(tuple(v))
-            return
-        if depth >= 3:
-            return
-        if isinstance(v, (tuple, list)):
+        elif isinstance(v, (tuple, list)) and depth < 3:
             if v and all(isinstance(x, int) for x in v) and len(v) <= 4:
                 shapes.append(tuple(v))
                 return
             for x in list(v)[:16]:
                 walk(x, depth + 1)
-        elif isinstance(v, dict):
+        elif isinstance(v, dict) and depth < 3:
             for x in list(v.values())[:16]:
                 walk(x, depth + 1)
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            for f in dataclasses.fields(v):
-                walk(getattr(v, f.name, None), depth + 1)
 
     for label, v in values:
         if label == "op" and isinstance(v, str):
             op = op or v
         walk(v, 0)
-    if meshes:
-        found["mesh"] = "x".join(map(str, meshes[0])) or "()"
-    if places:
-        found["placements"] = "(" + ", ".join(_compact(p) for p in places[0]) + ")"
     if op:
         found["op"] = op
-    found["size"] = _size_class(shapes, meshes[0] if meshes else None,
-                                places[0] if places else None)
+    found["size"] = ("empty" if any(0 in s for s in shapes) else
+                     "scalar" if shapes and all(s == () for s in shapes) else
+                     "nonempty" if shapes else "none")
     return found
-
-
-def _compact(p: Any) -> str:
-    name = type(p).__name__
-    if name == "Shard":
-        return f"S({getattr(p, 'dim', '?')})"
-    if name == "Replicate":
-        return "R"
-    if name == "Partial":
-        return f"P({getattr(p, 'reduce_op', 'sum')})"
-    return str(p)
-
-
-def _size_class(shapes: list[tuple[int, ...]], mesh: tuple[int, ...] | None,
-                places: tuple[Any, ...] | None) -> str:
-    if any(0 in s for s in shapes):
-        return "empty"
-    if shapes and all(s == () for s in shapes):
-        return "scalar"
-    if mesh and places and shapes:
-        shape = shapes[0]
-        for axis, p in enumerate(places):
-            d = getattr(p, "dim", None)
-            if type(p).__name__ == "Shard" and isinstance(d, int) and axis < len(mesh):
-                if -len(shape) <= d < len(shape) and shape[d] % mesh[axis]:
-                    return "uneven"
-    return "even" if shapes else "none"
 
 
 class Probe:
     """Per-slice recorder for one rank (see the module docstring)."""
 
     def __init__(self, rank: int, run_dir: Path | None, tracer: ArcTracer | None,
-                 rank_now: Callable[[], int] | None = None) -> None:
+                 rank_now: Callable[[], int] | None = None,
+                 classes: Callable[[list[tuple[str, Any]], str], dict] = classify) -> None:
         # rank_now: the calling thread's rank, in a simulated world where every
         # rank is a thread of this process running the same wrapped function.
         # Only calls from ``rank`` count, trace and classify; every rank's last
         # example is kept (``lasts``) so the ranks' final examples can be compared.
         self.rank, self.run_dir, self.tracer = rank, run_dir, tracer
         self.rank_now = rank_now
+        self.classify = classes  # (label, value) draws, op -> input classes
         self.inflight = run_dir / "inflight.json" if run_dir is not None and rank == 0 else None
         self.begin("", 0, "")
 
@@ -227,7 +175,7 @@ class Probe:
                 self.lasts[me] = "; ".join(parts)
                 if own:
                     self.last = self.lasts[me]
-                    self.classes.append(classify(values, self.op))
+                    self.classes.append(self.classify(values, self.op))
 
         return fuzz_inner
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from launch.fuzz.nodedb import per_node
-from launch.fuzz.probe import ArcTracer, Probe
+from launch.fuzz.probe import ArcTracer, Probe, classify
 from launch.fuzz.replay import from_lockstep
 from launch.fuzz.scheduler import Scheduler
 from launch.fuzz.session import Session, parse_failure
@@ -110,7 +110,8 @@ class FuzzLoop:
             root = _package_dir(os.environ.get(COVER_ENV, "dtensor"))
             tracer = ArcTracer(root) if root else None
         self.probe = Probe(self.rank, self.dir, tracer,
-                           rank_now=self.world.rank_now if self.world else None)
+                           rank_now=self.world.rank_now if self.world else None,
+                           classes=self._classes)
         if self.rank == 0:
             self.state = Session.read(self.dir / "state.json") or Session()
             self.sched = Scheduler(list(self.by_id), slice_seconds=self.slice_s)
@@ -130,6 +131,11 @@ class FuzzLoop:
             if not keep_going:
                 break
         return True
+
+    def _classes(self, values: list[tuple[str, Any]], op: str) -> dict[str, str]:
+        """The project's input classes (``pytest_launch_classify``), else ours."""
+        got = self.config.hook.pytest_launch_classify(config=self.config, values=values, op=op)
+        return got if got is not None else classify(values, op)
 
     # -- one decision, made by rank 0 -------------------------------------------
     def _plan(self, k: int) -> tuple[str, int] | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -221,34 +220,31 @@ def test_live_rows_show_examples_rates_recent_coverage_and_failures():
 
 
 # -- probe ------------------------------------------------------------------------------
-@dataclass
-class MeshLayout:
-    shape: tuple
-    ranks: tuple
-
-
-class Shard:
-    def __init__(self, dim):
-        self.dim = dim
-
-
-class Replicate:
-    pass
-
-
-def test_input_classes_from_drawn_values():
+def test_the_services_own_input_classes_know_only_tensors():
+    """Without a project's ``pytest_launch_classify`` the service classifies
+    by tensors alone: dtype, op, size; it names no runtime type."""
     import torch
 
     x = torch.zeros(3, 5, dtype=torch.float64)
-    got = classify([("layout", MeshLayout((2, 2), (0, 1, 2, 3))), ("x", x),
-                    ("ps", (Shard(1), Replicate()))], op="abs")
-    assert got == {"mesh": "2x2", "placements": "(S(1), R)", "op": "abs",
-                   "dtype": "float64", "size": "uneven"}
+    assert classify([("x", x), ("ps", ("S", 1))], op="abs") == {
+        "dtype": "float64", "op": "abs", "size": "nonempty"}
     assert classify([("x", torch.zeros(0, 2))])["size"] == "empty"
     assert classify([("x", torch.tensor(1.0))])["size"] == "scalar"
-    assert classify([("op", "rand"), ("shape", (4, 4)), ("m", MeshLayout((2,), (0, 1))),
-                     ("p", (Shard(0),))]) == {"mesh": "2", "placements": "(S(0))",
-                                              "op": "rand", "size": "even"}
+    assert classify([("op", "rand"), ("shape", (4, 4))]) == {"op": "rand", "size": "nonempty"}
+    assert classify([("n", 3)]) == {"size": "none"}
+
+
+def test_a_probe_classifies_with_the_function_it_is_given(tmp_path):
+    seen = []
+
+    def mine(values, op):
+        seen.append((values, op))
+        return {"kind": str(values[0][1])}
+
+    probe = Probe(0, tmp_path, None, classes=mine)
+    probe.begin("t.py::a", 0, "add")
+    probe.wrap(lambda x: None, {"x"})(x=7)
+    assert probe.classes == [{"kind": "7"}] and seen == [([("x", 7)], "add")]
 
 
 def test_in_a_simulated_world_only_the_measuring_ranks_calls_count(tmp_path):

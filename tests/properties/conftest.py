@@ -172,3 +172,11 @@ def pytest_dist_sim_smaller_worlds(item: pytest.Item, size: int) -> list | None:
         return None
     return [(m, item.nodeid.replace(tag, f"[{m}ranks"), {"DTENSOR_WORLD_SIZES": str(m)})
             for m in SMALLER_WORLDS if m < size]
+
+
+def pytest_launch_classify(values: list, op: str) -> dict[str, str]:
+    """Input classes of a fuzzing example in DTensor's terms (mesh, placements,
+    uneven shards) for ``python -m launch fuzz``, which knows no DTensor names."""
+    from dtensor.testing.input_classes import classify
+
+    return classify(values, op)
