@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from launch.sim import world as sim
+from launch.sim.inner_given import refusing
 from launch.sim.threaded import entered
 from launch.world import World, timeout_of, world_size_of
 
@@ -149,7 +150,7 @@ class SimMode:
             fan = SimFanout(item, w, timeout, replay=self.replay(item, n),
                             rank_kwargs=rank_kwargs,
                             max_examples=self.config.getoption("dist_sim_examples"))
-            with entered(), fan:
+            with entered(), fan, refusing(item.nodeid):
                 try:
                     item.obj(**base)  # the engine here; every example on every rank
                 except Exception as err:
@@ -161,7 +162,7 @@ class SimMode:
                 finally:
                     self.examples += fan.examples
             return
-        with entered():
+        with entered(), refusing(item.nodeid):
             outs = w.run(lambda rank: item.obj(**rank_kwargs(rank, base)), timeout)
         self._combine(item, n, outs)
 

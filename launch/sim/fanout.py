@@ -54,7 +54,7 @@ import pytest
 from hypothesis.control import _current_build_context, current_build_context
 from hypothesis.errors import UnsatisfiedAssumption
 
-from launch.sim.copies import is_data, private
+from launch.sim.copies import is_data, plain, private
 from launch.sim.draws import SharedDraws, drawer_waits
 from launch.sim.turn import on_wait
 from launch.sim.world import SimDivergence, SimRankFailure, SimWorld
@@ -111,6 +111,20 @@ class SimFanout:
     def __exit__(self, *exc: Any) -> None:
         self.handle.inner_test, self.fn._hypothesis_internal_use_settings = self._saved
 
+    def _redraw(self, choices: list, names: list[str]) -> dict[str, Any]:
+        """The given arguments ``names`` drawn on this thread from ``choices``
+        (the engine draws every given argument first, in this order)."""
+        from hypothesis import strategies as st
+        from hypothesis.control import BuildContext
+        from hypothesis.internal.conjecture.data import ConjectureData
+
+        data = ConjectureData.for_choices(choices)
+        given = dict(self.handle._given_kwargs)
+        with _current_build_context.with_value(
+                BuildContext(data, wrapped_test=current_build_context().wrapped_test)):
+            values = data.draw(st.fixed_dictionaries(given))
+        return {k: values[k] for k in names}
+
     # -- one example ------------------------------------------------------------
     def _example(self, inner: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
@@ -119,14 +133,21 @@ class SimFanout:
         shared = {k: SharedDraws(v, context, self.n, left) for k, v in kwargs.items()
                   if k in self.given and is_data(v)}
         drawn = {k: v for k, v in kwargs.items() if k in self.given and k not in shared}
+        # An argument that holds rank state (a mesh: its groups are the
+        # drawing thread's) is drawn again on every rank thread from the
+        # engine's choices, as each real rank draws its own.
+        own = [k for k, v in drawn.items() if not plain(v)]
+        choices = [n.value for n in context.data.nodes] if own else []
 
         def on_rank(rank: int) -> Any:
             kw = self.rank_kwargs(rank, kwargs)
             if rank:
-                kw.update((k, private(v)) for k, v in drawn.items())
+                kw.update((k, private(v)) for k, v in drawn.items() if k not in own)
             kw.update((k, s.for_rank(rank)) for k, s in shared.items())
             try:
                 with _current_build_context.with_value(context):
+                    if own:
+                        kw.update(self._redraw(choices, own))
                     return inner(*args, **kw)
             except (Exception, SystemExit):
                 raise

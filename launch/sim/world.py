@@ -126,6 +126,8 @@ class SimWorld:
                 init_error = e
         while True:
             task = self._next_task(rank)
+            if task is None:  # woken with no task (another rank's release): wait again
+                continue
             if task is _STOP:
                 turn.give()
                 break
