@@ -114,6 +114,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
             mode = Parent(config)
     config.pluginmanager.register(mode, "launch-mode")
+    if mode.name != "parent":  # a rank or a simulated world: same examples everywhere
+        from launch.hypo.lockstep import pin_literal_pool
+
+        pin_literal_pool()
 
 
 def mode_of(config: pytest.Config) -> Mode | None:

@@ -70,12 +70,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _pin_literal_pool()
     config.pluginmanager.register(_Plugin(config), "hypothesis-lockstep")
 
 
-def _pin_literal_pool() -> None:
+def pin_literal_pool() -> None:
     """Draw the same examples whatever modules this process has imported.
+
+    Called by ``launch.plugin`` in the processes whose examples must match
+    another process's: a rank (lockstep, server) and a simulated world's
+    process. A plain pytest run (a user's own tests beside world tests) keeps
+    Hypothesis' pool as it is.
 
     Hypothesis draws 5 % of its numbers from the literals of the "local"
     (non-test, non-installed) modules in ``sys.modules`` at that moment. So
