@@ -8,8 +8,9 @@ simplest layout: 1-D meshes over all ranks, ``Replicate()``, small shapes,
 
 Meshes are described by ``MeshLayout`` values (a shape and the global ranks in
 row-major order); ``layout.build()`` turns one into a mesh. Drawing is
-deterministic given the seed, so in a lockstep test (``launch.hypo.profiles``)
-every rank draws the same layout and builds the same mesh.
+deterministic given the seed, so in a world test (the test service's
+``launch.hypo.lockstep``, loaded with the service) every rank draws the same
+layout and builds the same mesh.
 
 Example:
     >>> from hypothesis import given
