@@ -51,7 +51,7 @@ class Failure:
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _EXC = re.compile(r"^(?:E\s+)?([A-Za-z_][\w.]*(?:Error|Exception|Failure|Divergence|Exit|Interrupt)\b"
                   r"|AssertionError)(?::\s?(.*))?$")
-_RANK_HEAD = re.compile(r"^(?:E\s+)?----- rank \d+ -----\s*$")
+_RANK_HEAD = re.compile(r"^(?:E\s+)?----- ranks? [\d,–\s]+(?:, same error)? -----\s*$")
 _EXAMPLE = re.compile(r"example failed on rank\(s\) \[[^\]]*\] of \[[^\]]*\]"
                       r"(?: \(simulated world\))?: (.*)")
 

@@ -16,6 +16,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
+from launch.agree import span
 from launch.hypo.db import mirror_db_class as _mirror_db_class
 
 __all__ = ["LockstepDivergence", "RankFailure"]
@@ -223,8 +224,12 @@ class _Run:
     def failure_text(self, got: dict[int, dict], failed: list[int]) -> str:
         lines = [f"example failed on rank(s) {failed} of {list(self.members)}: "
                  f"{'; '.join(got[failed[0]]['d'])}"]
+        same: dict[str, list[int]] = {}  # one block per distinct traceback
         for r in failed:
-            lines.append(f"----- rank {r} -----\n{got[r]['e'].rstrip()}")
+            same.setdefault(got[r]["e"].rstrip(), []).append(r)
+        for text, rs in same.items():
+            who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {span(rs)}, same error"
+            lines.append(f"----- {who} -----\n{text}")
         lines.append(self.replay_hint())
         return "\n".join(lines)
 
