@@ -1,6 +1,6 @@
-"""Covers: launch/modes/lockstep.py and launch/rank/core.py (stopping in lockstep: ``-x``
-and ``--maxfail`` after a failure on a sub-world, a collection error on one
-rank), under ``torchrun`` and ``python -m launch``.
+"""Covers: launch/modes/lockstep.py and launch/rank/core.py (stopping in
+lockstep: ``-x`` and ``--maxfail`` after a failure on a sub-world, a
+collection error on one rank, ^C), under ``torchrun`` and ``python -m launch``.
 
 Black-box: a repository outside this one, no conftest, no pytest
 configuration. A rank that kept going would wait for the next test until
@@ -95,3 +95,48 @@ def test_a_collection_error_on_one_rank_stops_every_rank(repo):
     assert p.returncode != 0, out
     assert "1 errors during collection on rank 1" in out, out
     assert "1 passed" not in out, out
+
+
+SLEEPS = '''
+import os, time
+import torch, torch.distributed as dist
+
+def test_first():
+    t = torch.ones(1); dist.all_reduce(t)
+
+def test_sleeps():
+    open(os.path.join(os.environ["STAMPS_DIR"], "started"), "w").close()
+    time.sleep(120)
+    t = torch.ones(1); dist.all_reduce(t)
+
+def test_later():
+    pass
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torchrun", "launch"])
+def test_ctrl_c_stops_every_rank_at_the_same_test(repo, how):
+    """^C in a terminal: SIGINT to the whole foreground process group."""
+    import signal
+    import time
+
+    (repo / "test_int.py").write_text(SLEEPS)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", STAMPS_DIR=str(repo))
+    head = (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+             "pytest"] if how == "torchrun" else ["-m", "launch", "--nproc-per-node", "2", "--"])
+    cmd = [*head, "-q", "-p", "no:cacheprovider", "test_int.py"]
+    p = subprocess.Popen([sys.executable, *cmd], cwd=repo, env=env, text=True,
+                         start_new_session=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    end = time.monotonic() + 200
+    while not (repo / "started").exists() and p.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=60)  # not the 120 s the test sleeps
+    assert not _processes_in(repo), f"processes left behind\n{out}"
+    assert "launch: interrupted (SIGINT" in out and "during test_int.py::test_sleeps" in out, out
+    assert "1 of 3 tests ran; 2 not run, starting with test_int.py::test_sleeps" in out, out
+    assert p.returncode != 0, out
