@@ -469,3 +469,6 @@ def test_late_tracing_refuses_what_is_not_a_hook_handle_or_bound_method() -> Non
         trace_hook_later(lambda m, i: i)
     with pytest.raises(TypeError, match=r"Linear\.forward is not a method set on the object"):
         trace_method_later(torch.nn.Linear(2, 2), "forward")  # the class's, not set on it
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

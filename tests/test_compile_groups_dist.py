@@ -182,3 +182,6 @@ def test_warm_disk_cache_from_another_world_is_never_replayed(tmp_path) -> None:
     # The 3-rank world's entry is not this world's: a miss, then a hit.
     assert two["aot"].get("autograd_cache_hit", 0) == 0, two["aot"]
     assert again["aot"].get("autograd_cache_hit", 0) == 1, again["aot"]
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

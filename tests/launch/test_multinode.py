@@ -128,3 +128,6 @@ def test_two_nodes_run_in_lockstep_and_a_dead_node_is_named(tmp_path: Path) -> N
                  for p in tmp_path.glob(".launch-logs/*/rank*.log")}
     assert {"0rank1.log", "1rank2.log", "1rank3.log"} <= node_logs, node_logs
     assert not _processes_in(tmp_path), "processes left behind"
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

@@ -139,3 +139,8 @@ def test_xdist_workers_launch_separate_worlds(child) -> None:
     # each worker launched its own world (own store, own rendezvous port)
     worlds = list(c.dir.glob(".launch-logs/*/w2g1-torchrun.log"))
     assert len(worlds) == 2, c.out
+
+
+import pytest  # noqa: E402
+
+pytestmark = pytest.mark.slow  # black-box worlds with faults: the full run, not the quick tier

@@ -139,3 +139,6 @@ def test_a_seed_draws_the_same_examples_whatever_modules_are_loaded(child, tmp_p
         outs.append(out.read_text().splitlines())
     assert len(outs[0]) >= 100, outs[0][:5]
     assert outs[0] == outs[1], "the drawn examples depend on which local modules are loaded"
+
+
+pytestmark = [pytestmark, pytest.mark.slow]  # real and simulated property runs: the full run

@@ -70,3 +70,6 @@ def test_bare_collectives_see_the_sub_world(child, n) -> None:
     assert c.outcomes == expected, c.out
     assert "failed on rank 1 of 2" in c.out, c.out  # named in the sub-world
     assert c.rc == 1
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

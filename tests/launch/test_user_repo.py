@@ -285,3 +285,6 @@ def test_recovery_beside_cpu_burners_with_slow_collection(repo):
             b.kill()
             b.wait()
     assert _junit(repo / "junit.xml") == AFTER_FAULTS, p.stdout
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier
