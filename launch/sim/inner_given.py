@@ -57,16 +57,18 @@ def _install() -> None:
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        if _nodeid is not None and threading.current_thread() is not threading.main_thread():
+        on_rank = threading.current_thread() is not threading.main_thread()
+        if _nodeid is not None and on_rank:
             test = args[1] if len(args) > 1 else kwargs.get("test")
             name = getattr(test, "__qualname__", "a @given function")
             raise InnerGivenInSimWorld(
-                f"{_nodeid}: {name} is an inner @given (a Hypothesis run started inside "
-                "the test body); a simulated world (--dist-sim) cannot keep it in "
-                "lockstep: each rank thread would draw its own examples. Put @given on "
-                "the test itself, e.g. @given(data=st.data()) and data.draw(...) in the "
-                "body, or run this test in a real world (pytest without --dist-sim, or "
-                "torchrun), where inner @given runs in lockstep.")
+                f"{_nodeid}: {name} is an inner @given (a Hypothesis run started "
+                "inside the test body); a simulated world (--dist-sim) cannot keep it "
+                "in lockstep: each rank thread would draw its own examples. Put "
+                "@given on the test itself, e.g. @given(data=st.data()) and "
+                "data.draw(...) in the body, or run this test in a real world "
+                "(pytest without --dist-sim, or torchrun), where inner @given runs "
+                "in lockstep.")
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__
