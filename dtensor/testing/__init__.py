@@ -34,7 +34,7 @@ from dtensor.testing.strategies import (
     tensor_shapes,
     tensors,
 )
-from dtensor.testing.verify import verify_rule
+from dtensor.testing.verify import rule_example, rule_test, verify_rule
 
 __all__ = [
     "DTYPES",
@@ -62,6 +62,8 @@ __all__ = [
     "placements",
     "reference_block",
     "reference_coordinate",
+    "rule_example",
+    "rule_test",
     "sub_meshes",
     "tensor_shapes",
     "tensors",

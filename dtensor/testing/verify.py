@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +55,8 @@ from dtensor.testing.rule_case import (
 from dtensor.testing.strategies import dtypes, tensor_shapes, tensors
 
 __all__ = ["RuleCounterexample", "Sample", "default_samples", "replay_line",
-           "rule_meshes", "rule_placements", "verify_rule", "world_size_now"]
+           "rule_example", "rule_meshes", "rule_placements", "rule_test", "verify_rule",
+           "world_size_now"]
 
 
 def default_samples() -> st.SearchStrategy[tuple]:
@@ -161,6 +162,37 @@ def verify_rule(
     Example:
         >>> verify_rule(torch.ops.mylib.rowscale.default, impl="torch")
     """
+    example = rule_example(op, sample_inputs, impl=impl, max_mesh_ndim=max_mesh_ndim,
+                           reduce_ops=reduce_ops, allow_partial=allow_partial,
+                           allow_sub_meshes=allow_sub_meshes, rtol=rtol, atol=atol)
+
+    @seed(zlib.crc32(f"{op}/{_impl(impl).name}".encode()))
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck),
+              phases=[p for p in Phase if p != Phase.explain])
+    @given(data=st.data())
+    def check(data: Any) -> None:
+        example(data)
+
+    check()
+
+
+def rule_example(
+    op: Any,
+    sample_inputs: st.SearchStrategy | None = None,
+    *,
+    impl: str | Impl = "dtensor",
+    max_mesh_ndim: int = 3,
+    reduce_ops: Sequence[str] = REDUCE_OPS,
+    allow_partial: bool = True,
+    allow_sub_meshes: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Callable[[Any], None]:
+    """The body of one ``verify_rule`` example: ``example(data)`` draws a case
+    from ``data`` (``st.data()``) and checks it. For a test that is itself the
+    property (``rule_test``, or ``@given(data=st.data())`` on the test): the
+    form simulated worlds run, where an inner ``@given`` is refused."""
     the_impl = _impl(impl)
     world = world_size_now("verify_rule")
     strategy = default_samples() if sample_inputs is None else sample_inputs
@@ -172,12 +204,7 @@ def verify_rule(
     sub = allow_sub_meshes and the_impl.sub_meshes
     layouts = rule_meshes(world, max_mesh_ndim, sub)
 
-    @seed(zlib.crc32(f"{op}/{the_impl.name}".encode()))
-    @settings(max_examples=max_examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck),
-              phases=[p for p in Phase if p != Phase.explain])
-    @given(data=st.data())
-    def check(data: Any) -> None:
+    def example(data: Any) -> None:
         sample = as_sample(data.draw(strategy, label="sample"))
         layout = data.draw(layouts, label="mesh")
         ps = tuple(
@@ -191,4 +218,33 @@ def verify_rule(
         except InvalidCall:
             reject()  # single device refuses this sample too: not a case
 
-    check()
+    return example
+
+
+def rule_test(op: Any, sample_inputs: st.SearchStrategy | None = None, *,
+              world_size: int = 4, max_examples: int = 100, **kwargs: Any) -> Callable:
+    """A pytest test proving ``op``'s rule: the test is the Hypothesis property
+    (``@given(data=st.data())``), so it runs under ``pytest``, ``torchrun -m
+    pytest`` and ``pytest --dist-sim`` alike. ``kwargs`` as for ``verify_rule``.
+
+    Example (a whole test module's content):
+        >>> test_scale_rule = rule_test(torch.ops.mylib.scale.default, world_size=4)
+    """
+    import pytest
+
+    @pytest.mark.world_size(world_size)
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck),
+              phases=[p for p in Phase if p != Phase.explain])
+    @given(data=st.data())
+    def test_rule(world: Any, data: Any) -> None:
+        rule_example(op, sample_inputs, **kwargs)(data)
+
+    test_rule.__name__ = test_rule.__qualname__ = f"test_rule_of_{_slug(op)}"
+    return test_rule
+
+
+def _slug(op: Any) -> str:
+    name = str(op) if isinstance(op, torch._ops.OpOverload) else getattr(
+        op, "__name__", "op")
+    return "".join(c if c.isalnum() else "_" for c in name)
