@@ -139,3 +139,28 @@ def test_strategy_function_gets_the_default_dim(world) -> None:
     z = soft(x, 0)  # dim 0 is sharded: the strategy moves it
     assert z.placements == (Replicate(),)
     torch.testing.assert_close(z.full_tensor(), torch.softmax(full, 0))
+
+
+@torch.library.custom_op("dtensor_guard::pair", mutates_args=())
+def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x + 1, x - 1
+
+
+@pair.register_fake
+def _(x):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@register_rule(torch.ops.dtensor_guard.pair.default)
+def _one_output_for_two(call):
+    (spec,) = call.specs
+    return Sharding(inputs=(None,), outputs=(spec.placements,))  # wrong: two outputs
+
+
+@W2
+def test_wrong_output_count_names_the_rule(world) -> None:
+    mesh = DeviceMesh("cpu", [0, 1])
+    x = distribute_tensor(torch.arange(6.0), mesh, [Shard(0)])
+    with pytest.raises(RuleOutputError, match=r"_one_output_for_two gave 1 output placement "
+                                               r"tuples, but the op returns 2 tensors"):
+        pair(x)

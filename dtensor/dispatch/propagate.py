@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtensor.dispatch.call import Call
-from dtensor.dispatch.guard import check_outputs
+from dtensor.dispatch.guard import RuleOutputError, check_outputs, rule_name
 from dtensor.dispatch.meta import infer_meta, inplace_metas, shape_metas
 from dtensor.dispatch.op import LIST, OpInfo
 from dtensor.errors import UnsupportedOpError
@@ -106,9 +106,11 @@ def _output_specs(call: Call, info: OpInfo, specs, sharding: Sharding):
     if len(metas) != len(outputs) and len(outputs) == 1 and info.returns == LIST:
         outputs = outputs * len(metas)
     if len(metas) != len(outputs):
-        raise AssertionError(
-            f"{func}: rule gave {len(outputs)} output placements for "
-            f"{len(metas)} tensor outputs"
+        raise RuleOutputError(
+            f"{func}: the sharding rule {rule_name(info.rule)} gave {len(outputs)} output "
+            f"placement tuples, but the op returns {len(metas)} tensors; give one "
+            "tuple per tensor output (Sharding(outputs=(...,) * "
+            f"{len(metas)}))"
         )
     mesh = specs[0].mesh
     return tuple(
