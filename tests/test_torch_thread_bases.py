@@ -7,7 +7,9 @@ the runtime must keep rank state per thread by itself
 (``dtensor._rank_state.auto_enter``): before it, every rank shared one
 generator, so a sharded ``rand`` after ``torch.manual_seed`` drew another
 stream than the single-device one. The suite runs in a fresh interpreter
-(the bases install their threaded world process-wide).
+(the bases install their threaded world process-wide), from plain pytest and
+under torchrun, where the service runs each class once, on rank 0, with c10d
+holding a world of its own (``launch/torchbases``) and the verdict agreed.
 """
 
 from __future__ import annotations
@@ -103,13 +105,19 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif("RANK" in os.environ,
                     reason="starts its own in-process world; run it with plain pytest")
-def test_pytorch_thread_per_rank_bases_drive_our_dtensor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["pytest", "torchrun"])
+def test_pytorch_thread_per_rank_bases_drive_our_dtensor(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "test_bases.py").write_text(SUITE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), OMP_NUM_THREADS="1")
     for k in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    start = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node=2"] if launcher == "torchrun" else [sys.executable])
+    p = subprocess.run([*start, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "test_bases.py"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0 and "6 passed" in p.stdout, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

@@ -96,7 +96,7 @@ class TorchBaseMethod(TestCaseFunction):
         t = kinds.timeout_override(self.name)
         if t is not None and marked_timeout(self) is None:
             self.add_marker(pytest.mark.dist_timeout(t))
-        why = kinds.unhonoured(cls, self.name)
+        why = kinds.unhonoured(cls)
         if why is not None:
             self.add_marker(pytest.mark.skip(reason=why))
 

@@ -10,7 +10,6 @@ derived from a base has imported it): a repository that never imports
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 import unittest
 from typing import Any
@@ -98,31 +97,32 @@ def _device_type(cls: type) -> str:
     return str(attr) if attr is not None else "cpu"
 
 
-# A test that reads these inspects the processes its base's harness spawned.
-_SPAWN_STATE = re.compile(r"\bself\.(processes|pid_to_pipe|_join_processes|"
-                          r"_check_return_codes|_start_processes|task_queues|"
-                          r"completion_queues)\b")
+# The parts of the bases' own harness that spawn, join and judge processes:
+# a class that overrides one relies on processes the service does not spawn.
+HARNESS = ("_spawn_processes", "_start_processes", "_join_processes",
+           "_check_return_codes", "_get_timedout_process_traceback", "run_test", "_run",
+           "join_or_run", "_worker_loop", "_run_test_given_id", "_worker_run_main_wait",
+           "_ensure_processes_spawned")
 
 
-def unhonoured(cls: type, name: str) -> str | None:
-    """Why method ``name`` of ``cls`` cannot run on a persistent world, or None.
+def unhonoured(cls: type) -> str | None:
+    """Why the methods of ``cls`` cannot run on a persistent world, or None.
 
-    Read from the method's source (through ``functools.wraps`` chains): a test
-    that inspects the processes its base spawned for it has no such
-    processes here."""
-    fn = getattr(cls, name, None)
-    while fn is not None and hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    try:
-        src = inspect.getsource(fn) if fn is not None else ""
-    except (OSError, TypeError):
-        return None
-    m = _SPAWN_STATE.search(src)
-    if m is None:
-        return None
-    return (f"launch: {cls.__qualname__}.{name} reads self.{m.group(1)}, the processes "
-            "its base's harness spawns per test; on the service's persistent world "
-            "there are none (run it with -p no:launch.plugin)")
+    A class (or a base of it outside ``torch.testing``) that overrides a part
+    of the bases' harness, say ``_check_return_codes`` to read every spawned
+    process's exit code from ``self.processes``, has no such processes here.
+    ``setUp`` calling ``self._spawn_processes()`` is the ordinary idiom, not
+    an override."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch.testing."):
+            break
+        for name in HARNESS:
+            if name in vars(klass):
+                return (f"launch: {klass.__qualname__} overrides {name} of its base's "
+                        "harness, which spawns and judges processes per test; the "
+                        "service runs it on a persistent world with no such processes "
+                        "(run it with -p no:launch.plugin)")
+    return None
 
 
 def timeout_override(name: str) -> float | None:

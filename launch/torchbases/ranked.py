@@ -114,7 +114,8 @@ def _matches_world(backend: Any, world: str) -> bool:
 @contextlib.contextmanager
 def pg_bound_to_world() -> Iterator[None]:
     """While a method runs: joining the default group binds to the running
-    world, destroying it leaves the world up."""
+    world, destroying it leaves the world up; after it, the environment is
+    the one it started with."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -148,6 +149,7 @@ def pg_bound_to_world() -> Iterator[None]:
 
     saved = [(m, n, getattr(m, n)) for m in (c10d, dist)
              for n in ("init_process_group", "destroy_process_group")]
+    env = dict(os.environ)  # a spawned rank's environment dies with it; this one stays
     for m, n, _ in saved:
         setattr(m, n, init if n == "init_process_group" else destroy)
     try:
@@ -155,6 +157,9 @@ def pg_bound_to_world() -> Iterator[None]:
     finally:
         for m, n, f in saved:
             setattr(m, n, f)
+        if os.environ != env:
+            os.environ.clear()
+            os.environ.update(env)
         _forget_rng_tracker()
 
 

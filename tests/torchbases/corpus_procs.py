@@ -2,7 +2,8 @@
 harness (nothing here knows the service). Not collected by ``pytest tests/``
 (the file name does not match ``test_*.py``): ``test_corpus.py`` runs it by
 the bases' own harness and by the service in each mode and compares the
-verdict of every method. ``EXPECTED`` is the verdict under both.
+verdict of every method. ``EXPECTED`` maps each method to its verdict under both, or to (its own
+harness, the service) where they differ on purpose.
 """
 
 import os
@@ -38,7 +39,8 @@ EXPECTED = {
     "Collectives::test_exit_code_the_test_expects": "passed",
     "Collectives::test_fails_on_rank_1_only": "failed",
     "Collectives::test_fine_after_the_failure": "passed",
-    "Collectives::test_inspects_spawned_processes": "skipped|passed",
+    # the service has no spawned processes to judge: a skip naming the reason
+    "ExitCodes::test_rank_1_exits_with_5": ("passed", "skipped"),
     "Mesh::test_build_device_mesh_and_assert_equal_on_dtensors": "passed",
     "Mesh::test_redistribute_placement0": "passed",
     "Mesh::test_redistribute_placement1": "passed",
@@ -107,8 +109,25 @@ class Collectives(MultiProcessTestCase):
         dist.barrier()
         dist.destroy_process_group()
 
-    def test_inspects_spawned_processes(self):
-        self.assertEqual(len(self.processes), self.world_size)
+
+
+class ExitCodes(MultiProcessTestCase):
+    """Judges every rank's exit code itself, from the spawned processes."""
+
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _check_return_codes(self, fn, elapsed_time):
+        self.assertEqual([p.exitcode for p in self.processes], [0, 5])
+
+    def test_rank_1_exits_with_5(self):
+        if self.rank == 1:
+            sys.exit(5)
 
 
 class Mesh(DTensorTestBase):

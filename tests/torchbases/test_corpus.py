@@ -32,7 +32,7 @@ CORPUS = ("corpus_procs.py", "corpus_continuous.py", "corpus_inproc.py")
 # Differences between the bases' own harness and the service, each on purpose.
 DOCUMENTED = {
     "Continuous::test_d_after_the_failure",  # own: skipped after a failure
-    "Collectives::test_inspects_spawned_processes",  # service: no spawned processes
+    "ExitCodes::test_rank_1_exits_with_5",  # service: no spawned processes to judge
 }
 _WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER",
@@ -63,7 +63,7 @@ def verdicts(junit: Path) -> dict[str, str]:
 
 
 def commands(files: tuple[str, ...]) -> dict[str, list[str]]:
-    py, base = sys.executable, ["-q", "-p", "no:cacheprovider", "--junitxml=out.xml"]
+    py, base = sys.executable, ["-q", "-rs", "-p", "no:cacheprovider", "--junitxml=out.xml"]
     return {
         "own": [py, "-m", "pytest", "-p", "no:launch.plugin", *base, *files],
         "plain": [py, "-m", "pytest", *base, *files],
@@ -103,14 +103,18 @@ def test_the_harnesses_agree_but_where_documented() -> None:
 
 needs_own_worlds = pytest.mark.skipif(
     "RANK" in os.environ, reason="starts its own worlds; run it with plain pytest")
+# each run below starts the corpus in a child session (1-4 minutes on 2 cores)
+slow = pytest.mark.slow
 
 
+@slow
 @needs_own_worlds
 def test_the_bases_own_harness_gives_the_expected_verdicts(tmp_path: Path) -> None:
     got, out = run_corpus(tmp_path, "own")
     _check(got, {k: v[0] for k, v in expected().items()}, out)
 
 
+@slow
 @needs_own_worlds
 @pytest.mark.parametrize("mode", ["plain", "xdist", "torchrun"])
 def test_the_service_gives_the_same_verdicts(tmp_path: Path, mode: str) -> None:
@@ -119,11 +123,25 @@ def test_the_service_gives_the_same_verdicts(tmp_path: Path, mode: str) -> None:
     # the service's own reports, not the bases' (their harness loses ranks)
     assert "failed on rank 1 of 2 (rank 0: passed)" in out
     assert "timed out after 8 s" in out and "dead ranks: 1" in out
-    assert "reads self.processes" in out or mode == "xdist"  # -rs is not on
+    assert "ExitCodes overrides _check_return_codes" in out
 
 
+@slow
 @needs_own_worlds
 def test_in_process_bases_under_simulated_worlds(tmp_path: Path) -> None:
     files = ("corpus_inproc.py",)
     got, out = run_corpus(tmp_path, "sim", files)
     _check(got, {k: v[1] for k, v in expected(files).items()}, out)
+
+
+@slow
+@needs_own_worlds
+def test_a_hang_in_a_continuous_class_is_bounded(tmp_path: Path) -> None:
+    files = ("corpus_continuous_hang.py",)
+    got, out = run_corpus(tmp_path, "plain", files)
+    _check(got, {k: v[1] for k, v in expected(files).items()}, out)
+    assert "timed out after 5 s during corpus_continuous_hang.py::ContinuousHang::" \
+           "test_b_hangs_on_rank_1" in out
+
+
+pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier
