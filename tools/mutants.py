@@ -388,6 +388,111 @@ def _gather_zeroes_eighth_piece_on_wide_axis() -> None:
     redistribute._gather = _gather
 
 
+# -- the op surface of recently added code (one per input kind the properties draw) ----
+def _mid_row_offset_dropped(gs, lo, ls):
+    _, run = _one_run(gs, ls)
+    nonzero = [d for d, o in enumerate(lo) if o]
+    if run and len(nonzero) >= 2 and min(ls, default=1) > 0:
+        # BUG: a run that starts mid-row keeps only its column offset
+        return tuple(o if d == nonzero[-1] else 0 for d, o in enumerate(lo))
+    return lo
+
+
+def _norm_order_zero_share_powered() -> None:
+    from dtensor.rules import norms
+
+    original = norms.local_share
+
+    def local_share(x, p, dims, keepdim, dtype):
+        out = original(x, p, dims, keepdim, dtype)
+        return out.pow(p) if p == 0.0 else out  # BUG: a count raised to the 0th power
+
+    norms.local_share = local_share
+
+
+def _foreach_add_keeps_partial() -> None:
+    from dtensor.rules import foreach
+
+    # BUG: adding a scalar treated as linear, so Partial(sum) members stay partial
+    foreach._SCALING_PACKETS = foreach._SCALING_PACKETS | {"_foreach_add_", "_foreach_add"}
+
+
+def _run_check_broadcasts_first_replicate_axis_only() -> None:
+    from dtensor import _comm, _local_check
+    from dtensor.placement import Replicate
+
+    def _replicas_from_first(local, mesh, placements):
+        for axis, p in enumerate(placements):
+            group = mesh.axis_group(axis)
+            if isinstance(p, Replicate) and group is not None:
+                # BUG: later Replicate axes keep each rank's own values
+                return _comm.broadcast(local.detach().contiguous(), 0, group)
+        return local
+
+    _local_check._replicas_from_first = _replicas_from_first
+
+
+def _mixed_partials_reduce_in_any_order() -> None:
+    from dtensor import redistribute
+
+    # BUG: every pair of reduce ops "commutes", so a higher Partial(max) axis is
+    # reduced while a lower Partial(sum) axis stays partial
+    redistribute.commute = lambda a, b: True
+
+
+def _plain_operand_key_drops_dtype() -> None:
+    import torch
+
+    from dtensor.dispatch import fast
+    from dtensor.dispatch.cache import PLAIN
+
+    original = fast._key_of
+
+    def _key_of(v, t):
+        key = original(v, t)
+        if t is torch.Tensor and isinstance(key, tuple) and key and key[0] is PLAIN:
+            return (PLAIN, key[1], key[3])  # BUG: a plain operand keyed without its dtype
+        return key
+
+    fast._key_of = _key_of
+
+
+def _permute_maps_shards_forward() -> None:
+    import torch
+
+    from dtensor import rules
+    from dtensor.rules import view
+    from dtensor.sharding import Sharding
+
+    def permute_rule(call):
+        (spec,) = call.specs
+        dims = [view.norm_dim(d, spec.ndim) for d in view.bind(call)["dims"]]
+        # BUG: shard dim d goes to dims[d], right only for self-inverse permutations
+        want, out = view._map_dims(spec, lambda d: dims[d])
+        return Sharding((want,), (out,))
+
+    rules.RULES[torch.ops.aten.permute.default] = permute_rule
+
+
+def _mesh_boolean_reduces_first_axis_only() -> None:
+    import torch
+
+    from dtensor import _comm
+    from dtensor.dispatch import execute
+    from dtensor.mesh import device_of
+
+    def _reduce_scalar(out, how, mesh):
+        if how != "all":
+            return out
+        flag = torch.tensor([0 if bool(out) else 1], dtype=torch.int64)
+        group = mesh.axis_group(0)  # BUG: the other mesh axes never hear of it
+        if group is not None:
+            flag = _comm.all_reduce(flag.to(device_of(mesh)), "max", group).cpu()
+        return not bool(flag.item())
+
+    execute._reduce_scalar = _reduce_scalar
+
+
 MUTANTS = {
     "gather_zeroes_eighth_piece_on_wide_axis": (_gather_zeroes_eighth_piece_on_wide_axis,
                                                 "tests/properties/test_redistribute.py"),
@@ -428,6 +533,25 @@ MUTANTS = {
         lambda: _random_block_mutant(_runs_from_column_zero), "tests/properties/test_random.py"),
     "random_empty_block_comes_back_flat": (
         lambda: _random_block_mutant(flat_empty=True), "tests/properties/test_random.py"),
+    # issue 46: one per input kind; the property that catches each in the table
+    # of docs/properties.md
+    "random_mid_row_run_drops_row_offset": (
+        lambda: _random_block_mutant(_mid_row_offset_dropped),
+        "tests/properties/test_random.py"),
+    "norm_order_zero_share_powered": (_norm_order_zero_share_powered,
+                                      "tests/properties/test_norms.py"),
+    "foreach_add_keeps_partial": (_foreach_add_keeps_partial,
+                                  "tests/properties/test_foreach.py"),
+    "run_check_broadcasts_first_replicate_axis_only": (
+        _run_check_broadcasts_first_replicate_axis_only, "tests/properties/test_run_check.py"),
+    "mixed_partials_reduce_in_any_order": (_mixed_partials_reduce_in_any_order,
+                                           "tests/properties/test_redistribute.py"),
+    "plain_operand_key_drops_dtype": (_plain_operand_key_drops_dtype,
+                                      "tests/properties/test_caches.py"),
+    "permute_maps_shards_forward": (_permute_maps_shards_forward,
+                                    "tests/properties/test_permute.py"),
+    "mesh_boolean_reduces_first_axis_only": (_mesh_boolean_reduces_first_axis_only,
+                                             "tests/properties/test_mesh_booleans.py"),
 }
 
 

@@ -47,6 +47,7 @@ def _impl(config: pytest.Config) -> str:
 
 IMPL_ENV = "DTENSOR_TEST_IMPL"
 MUTANT_ENV = "DTENSOR_MUTANT"
+COVERAGE_ENV = "DTENSOR_RULE_COVERAGE"  # "0": no coverage record
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,6 +74,21 @@ def pytest_configure(config: pytest.Config) -> None:
         spec.loader.exec_module(mod)
         mod.apply(mutant)
     config.pluginmanager.register(_Summary(config), "dtensor-property-summary")
+    if impl == "dtensor" and os.environ.get(COVERAGE_ENV, "1") != "0":
+        # Which input kinds each registered rule meets (python -m
+        # dtensor.testing.coverage prints the table after the run).
+        from dtensor.testing import coverage
+
+        coverage.install()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _impl(session.config) != "dtensor" or os.environ.get(COVERAGE_ENV, "1") == "0":
+        return
+    from dtensor.testing import coverage
+
+    if coverage.RECORD:
+        coverage.dump(session.config.rootpath / coverage.DEFAULT_DIR)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -1,0 +1,208 @@
+"""Which input kinds each registered sharding rule was exercised with.
+
+``install()`` wraps dispatch's propagation step (it runs once per new call
+key: a new op, layout, shape, dtype, plain operand or keyword value) from
+the outside, so the runtime never imports this module. Each call records,
+for its op overload, the kinds of its inputs:
+
+- ``in<i>:<placement>`` for tensor operand ``i`` on each mesh axis (``S(d)``,
+  ``R``, ``P(sum)`` ...), ``in<i>:plain`` for a plain tensor operand;
+- ``mesh<k>d``; ``even`` / ``uneven`` (a sharded dim not divisible by its
+  pieces); ``empty`` (this rank's block of an operand holds nothing);
+  ``outsider`` (this rank is not in the mesh);
+- ``plain-other-dtype`` / ``0d-other-dtype`` (a plain operand whose dtype is
+  not the first DTensor's), ``kwarg:<name>``, ``alias`` (one tensor passed
+  twice).
+
+The property suite's conftest installs it and ``dump``s each rank's record to
+``build/rule-coverage/``; ``python -m dtensor.testing.coverage`` prints the
+table per registered rule, the kinds its schema admits that no run drew, and
+the rules with no entry at all.
+
+Example:
+    torchrun --nproc_per_node=4 -m pytest tests/properties -q --hypothesis-profile=ci
+    python -m dtensor.testing.coverage            # the table
+    python -m dtensor.testing.coverage --missing  # only what is missing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["DEFAULT_DIR", "RECORD", "admitted", "dump", "install", "kinds_of", "load",
+           "missing", "main"]
+
+DEFAULT_DIR = Path("build") / "rule-coverage"
+PARTIAL_KINDS = ("P(sum)", "P(avg)", "P(max)", "P(min)")
+#: op overload name -> kinds seen (this process)
+RECORD: dict[str, set[str]] = {}
+#: Kinds a rule's schema admits that the suite leaves out, with the reason.
+REASONS = {
+    "outsider": "drawn by test_outsiders.py for its op families only",
+    "mesh3d": "3-D meshes need 4+ ranks with a size-1 axis; drawn rarely",
+}
+
+
+def _pstr(p) -> str:
+    name = type(p).__name__
+    if name == "Shard":
+        return f"S({p.dim})"
+    if name == "Replicate":
+        return "R"
+    if name == "Partial":
+        return f"P({p.reduce_op})"
+    return str(p)
+
+
+def kinds_of(call) -> set[str]:
+    """The input kinds of one dispatch ``Call`` (see the module docstring)."""
+    kinds: set[str] = set()
+    mesh = None
+    first_dtype = None
+    seen: dict[int, int] = {}
+    for i, (spec, o) in enumerate(zip(call.specs, call.operands, strict=True)):
+        local = getattr(o, "_local_tensor", o)
+        key = id(local)
+        if key in seen:
+            kinds.add("alias")
+        seen[key] = i
+        if spec is None:
+            kinds.add(f"in{i}:plain")
+            continue
+        mesh = spec.mesh
+        first_dtype = first_dtype or spec.tensor_meta.dtype
+        for p in spec.placements:
+            kinds.add(f"in{i}:{_pstr(p)}")
+        for axis, p in enumerate(spec.placements):
+            if type(p).__name__ == "Shard":
+                size = spec.tensor_meta.shape[p.dim]
+                kinds.add("uneven" if size % mesh.shape[axis] else "even")
+        if local.numel() == 0 and spec.tensor_meta.shape.numel() > 0:
+            kinds.add("empty")
+    for spec, o in zip(call.specs, call.operands, strict=True):
+        if spec is None and first_dtype is not None and o.dtype != first_dtype:
+            kinds.add("0d-other-dtype" if o.dim() == 0 else "plain-other-dtype")
+    if mesh is not None:
+        kinds.add(f"mesh{mesh.ndim}d")
+        if mesh.get_coordinate() is None:
+            kinds.add("outsider")
+    for name in call.kwargs:
+        kinds.add(f"kwarg:{name}")
+    return kinds
+
+
+def install() -> None:
+    """Record every propagated call's input kinds in ``RECORD`` (idempotent)."""
+    from dtensor.dispatch import general
+
+    if getattr(general.propagate, "_records_coverage", False):
+        return
+    original = general.propagate
+
+    def propagate(call, info):
+        try:
+            RECORD.setdefault(str(call.func), set()).update(kinds_of(call))
+        except Exception:  # noqa: BLE001 - recording must never change a result
+            pass
+        return original(call, info)
+
+    propagate._records_coverage = True
+    general.propagate = propagate
+
+
+def dump(directory: Path | str = DEFAULT_DIR, name: str | None = None) -> Path:
+    """Write ``RECORD`` as ``<directory>/<name>.json`` (default: the rank)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if name is None:
+        name = f"rank{os.environ.get('RANK', '0')}"
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps({k: sorted(v) for k, v in sorted(RECORD.items())}))
+    return path
+
+
+def load(directory: Path | str = DEFAULT_DIR) -> dict[str, set[str]]:
+    """Every rank's record under ``directory``, merged."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        for op, kinds in json.loads(path.read_text()).items():
+            out.setdefault(op, set()).update(kinds)
+    return out
+
+
+def admitted(func, seen: set[str]) -> set[str]:
+    """The kinds ``func``'s schema admits: per tensor operand position seen,
+    R, Shard of each dim seen there, every Partial kind; meshes of 1-3 axes;
+    even and uneven shards; empty blocks; outsiders; plain operands of
+    another dtype and aliasing where it takes two tensors; its keywords."""
+    args = func._schema.arguments
+    n_tensors = sum(1 for a in args if "Tensor" in str(a.type))
+    positions = {k.split(":")[0] for k in seen if k.startswith("in")}
+    out = {"mesh1d", "mesh2d", "mesh3d", "even", "uneven", "empty", "outsider"}
+    for pos in positions:
+        dims = {int(k.split("(")[1][0]) for k in seen if k.startswith(f"{pos}:S(")}
+        out |= {f"{pos}:R", *(f"{pos}:{p}" for p in PARTIAL_KINDS)}
+        out |= {f"{pos}:S({d})" for d in range(max(dims, default=-1) + 1)}
+    if n_tensors >= 2 or any("Tensor[]" in str(a.type) for a in args):
+        out |= {"plain-other-dtype", "alias"}
+    out |= {f"kwarg:{a.name}" for a in args if a.kwarg_only}
+    return out
+
+
+def missing(func, seen: set[str]) -> set[str]:
+    """Admitted kinds not seen (``in<i>:plain`` counts for that position's R)."""
+    return admitted(func, seen) - seen
+
+
+def _rows(record: dict[str, set[str]]):
+    from dtensor.testing.schema_calls import overloads
+    from dtensor.rules import RULES
+
+    for key in RULES:
+        for func in overloads(key):
+            yield key, func, record.get(str(func))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Input kinds per registered rule, from the "
+                                             "last property-suite run.")
+    ap.add_argument("--dir", default=str(DEFAULT_DIR), help=f"records (default {DEFAULT_DIR})")
+    ap.add_argument("--missing", action="store_true", help="only the kinds missing")
+    args = ap.parse_args(argv)
+    record = load(args.dir)
+    if not record:
+        print(f"no records under {args.dir}: run the property suite first", file=sys.stderr)
+        return 2
+    no_entry = []
+    for key, func, seen in _rows(record):
+        if seen is None:
+            no_entry.append(str(func))
+            continue
+        miss = sorted(missing(func, seen))
+        if args.missing and not miss:
+            continue
+        print(f"{func}")
+        if not args.missing:
+            print(f"    seen:    {' '.join(sorted(seen))}")
+        if miss:
+            why = [f"{k} ({REASONS[k]})" if k in REASONS else k for k in miss]
+            print(f"    missing: {' '.join(why)}")
+    packets = {}
+    for key, func, seen in _rows(record):
+        packets.setdefault(str(key), []).append(seen is not None)
+    dead = sorted(k for k, v in packets.items() if not any(v))
+    print(f"\n{len(packets) - len(dead)}/{len(packets)} registered rules have an entry; "
+          f"{len(no_entry)} overloads not reached: {', '.join(no_entry) or '-'}")
+    if dead:
+        print(f"rules with no entry at all: {', '.join(dead)}")
+    return 1 if dead else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Covers: every rule registered in dtensor/rules/ (``dtensor.rules.RULES``),
+through calls built from the ops' own schemas
+(``dtensor.testing.schema_calls``), so a new rule is drawn with no test
+written for it.
+
+- every registered rule has a schema call (or a stated reason it has none);
+- every registered rule's calls, once on a 1-D mesh with the first operand
+  sharded, equal single device on every rank and leave an entry in the
+  coverage record (``dtensor.testing.coverage``): a rule that no property
+  reaches fails here;
+- property: a drawn rule's call, on drawn meshes (1-D to 3-D) and placements
+  (Shard of every dim, Replicate, Partial of every reduce op for floating
+  operands), equals single device on every rank (values, local shape,
+  offset, placements through the per-rank oracle).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from dtensor.placement import Replicate, Shard
+from dtensor.testing import assert_matches_single_device, mesh_layouts, placements, tensors
+from dtensor.testing.schema_calls import example_tensors, overloads, sample_calls, uncallable
+
+#: Rules no schema call reaches, with the reason (the property cannot draw them).
+NO_SCHEMA_CALL = {
+    "aten._conj.default": "complex tensors only; the suite's dtypes are real",
+    "aten.native_layer_norm_backward.default": "mean/rstd shapes depend on "
+    "normalized_shape; covered by tests/test_ops_dist.py (layer_norm rows)",
+    "aten.as_strided.default": "sizes and strides must fit the storage; no schema default",
+    "aten.max_pool2d_with_indices_backward.default": "needs the forward's indices",
+    "aten.avg_pool2d_backward.default": "grad_output shape follows kernel and stride",
+    "aten.max_pool3d_with_indices.default": "5-D input with a 3-D kernel",
+    "aten.avg_pool3d.default": "5-D input with a 3-D kernel",
+}
+_TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def _calls():
+    return sorted(sample_calls().items(), key=lambda kv: str(kv[0]))
+
+
+def _outputs(func, out, tensors):
+    """The tensors to compare: the results, or (no result) the written operands."""
+    if out is None or (isinstance(out, (list, tuple)) and not out):
+        return list(tensors)
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _compare(func, call, plain, dts, what):
+    try:
+        expected = call.run(plain)
+    except Exception:  # noqa: BLE001 - undefined on one device for these values
+        assume(False)
+    out = call.run(dts)
+    if not isinstance(expected, (torch.Tensor, list, tuple)) and expected is not None:
+        assert out == expected, f"{what}: got {out!r}, single device {expected!r}"
+        return
+    exp = _outputs(func, expected, plain)
+    got = _outputs(func, out, dts)
+    assert len(got) == len(exp), f"{what}: {len(got)} outputs, single device {len(exp)}"
+    for i, (g, e) in enumerate(zip(got, exp, strict=True)):
+        if "empty" in str(func):  # uninitialised values: shape and dtype only
+            assert tuple(g.shape) == tuple(e.shape) and g.dtype == e.dtype, (
+                f"{what}: output {i} is {g.dtype}{list(g.shape)}, expected "
+                f"{e.dtype}{list(e.shape)}")
+            continue
+        assert_matches_single_device(g, e, **_TOL, msg=f"{what}: output {i}")
+
+
+def test_every_registered_rule_has_a_schema_call():
+    missing = [str(f) for key in uncallable() for f in overloads(key)
+               if str(f) not in NO_SCHEMA_CALL]
+    assert not missing, (
+        f"no call could be built from the schema of {missing}: teach "
+        "dtensor/testing/schema_calls.py its argument (or shape pattern), or add the "
+        "rule to NO_SCHEMA_CALL with the reason")
+
+
+def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
+    from dtensor.rules import RULES
+    from dtensor.testing import MeshLayout, coverage
+
+    mesh = impl.mesh(MeshLayout((world.size,), tuple(range(world.size))))
+    errors = []
+    for func, call in _calls():
+        plain = example_tensors(call)
+        ps = [(Shard(0),) if i == 0 and t.ndim and t.dtype.is_floating_point
+              else (Replicate(),) for i, t in enumerate(plain)]
+        dts = [impl.from_blocks(t, mesh, p) for t, p in zip(plain, ps, strict=True)]
+        try:
+            _compare(func, call, [t.clone() for t in plain], dts,
+                     f"{func} on {[str(p[0]) for p in ps]}")
+        except AssertionError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    if impl.name != "dtensor":
+        return
+    no_entry = [str(key) for key in RULES
+                if not any(str(f) in coverage.RECORD for f in overloads(key))
+                and not all(str(f) in NO_SCHEMA_CALL for f in overloads(key))]
+    assert not no_entry, (
+        f"rank {world.rank}: registered rules with no coverage entry after their "
+        f"schema calls ran: {no_entry} (dispatch never asked the rule)")
+
+
+@settings(max_examples=4 * settings.default.max_examples)
+@given(data=st.data())
+def test_schema_drawn_calls_match_single_device(n_ranks, world, impl, data):
+    func, call = data.draw(st.sampled_from(_calls()), label="op")
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    plain, ps = [], []
+    for i, (shape, dt) in enumerate(zip(call.shapes, call.dtypes, strict=True)):
+        if dt.is_floating_point:
+            t = data.draw(tensors(shape=shape, dtype=dt, fills=("arange", "small", "normal")),
+                          label=f"operand {i}")
+        else:  # indices and masks keep the schema call's values
+            t = example_tensors(call)[i]
+        p = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=t.ndim,
+                                 allow_partial=dt.is_floating_point,
+                                 mixed_reduce_ops=impl.mixed_partials),
+                      label=f"operand {i} placements")
+        plain.append(t)
+        ps.append(p)
+    mesh = impl.mesh(layout)
+    dts = [impl.from_blocks(t, mesh, p) for t, p in zip(plain, ps, strict=True)]
+    _compare(func, call, [t.clone() for t in plain], dts,
+             f"{func} on {[[str(q) for q in p] for p in ps]} over {layout}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _dtensor_coverage():
+    """The coverage record is installed by the conftest; without it (a run
+    that bypassed the conftest) install it here so the entry check means
+    something."""
+    from dtensor.testing import coverage
+
+    coverage.install()
+    yield
