@@ -180,3 +180,63 @@ def load_report(config: object, data: dict) -> TestReport:
     if isinstance(rep.location, list):
         rep.location = tuple(rep.location)
     return rep
+
+
+# One Hypothesis example on several ranks --------------------------------------------
+class RankFailure(AssertionError):
+    """An example failed on some rank. Raised alike wherever the example's
+    verdict is taken (every rank of a real world, the one engine of a
+    simulated world), so Hypothesis shrinks along the same path everywhere."""
+
+
+class LockstepDivergence(BaseException):
+    """The ranks did different things with one example (drew different values,
+    stopped on some ranks only, hung). A BaseException: Hypothesis lets it
+    through and never shrinks it."""
+
+
+EXAMPLE_OUTCOMES = ("pass", "fail", "reject", "found", "control", "hung", "released")
+
+
+def example_verdict(outcomes: dict[int, str]) -> tuple[str, list[int]]:
+    """One example's verdict from each rank's outcome, and the ranks it names.
+
+    Outcomes (``EXAMPLE_OUTCOMES``): ``pass``, ``fail``, ``reject`` (an
+    assumption), ``found`` (``find()``'s condition held), ``control`` (a skip,
+    an exit, Hypothesis' own control flow), ``hung``, ``released`` (let out of
+    a collective because another rank failed: it follows the others). The
+    first that applies:
+
+    - ``("diverged", ranks)``: ranks hung; ``find()``'s condition held on some
+      ranks only; a control on some ranks only; released with no failure;
+    - ``("control", ranks)``: every rank stopped (each re-raises its own);
+    - ``("failed", ranks)``, ``("rejected", ranks)``, ``("found", ranks)``;
+    - ``("passed", [])``.
+
+    Example::
+
+        example_verdict({0: "pass", 1: "fail"})     # ("failed", [1])
+    """
+    bad = sorted(set(outcomes.values()) - set(EXAMPLE_OUTCOMES))
+    if bad:
+        raise ValueError(f"example_verdict: unknown outcome(s) {bad}; expected one of "
+                         f"{EXAMPLE_OUTCOMES}")
+
+    def ranks(kind: str) -> list[int]:
+        return sorted(r for r, o in outcomes.items() if o == kind)
+
+    following = [r for r, o in outcomes.items() if o != "released"]
+    if ranks("hung"):
+        return "diverged", ranks("hung")
+    for kind in ("found", "control"):
+        some = ranks(kind)
+        if some and len(some) != len(following):
+            return "diverged", some
+    if ranks("control"):
+        return "control", ranks("control")
+    for kind, name in (("fail", "failed"), ("reject", "rejected"), ("found", "found")):
+        if ranks(kind):
+            return name, ranks(kind)
+    if ranks("released"):
+        return "diverged", ranks("released")
+    return "passed", []

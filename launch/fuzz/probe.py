@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launch.hypo.engine import is_data
+
 __all__ = ["ArcTracer", "Probe", "classify"]
 
 class ArcTracer:
@@ -75,10 +77,6 @@ class ArcTracer:
     def take(self) -> dict[str, set[tuple[int, int]]]:
         out, self.arcs = self.arcs, {}
         return out
-
-
-def _is_data(v: Any) -> bool:
-    return type(v).__name__ == "DataObject" and hasattr(v, "draw")
 
 
 def classify(values: list[tuple[str, Any]], op: str = "") -> dict[str, str]:
@@ -157,11 +155,11 @@ class Probe:
             me = self.rank if self.rank_now is None else self.rank_now()
             own = me == self.rank
             parts = [f"{k}={v!r}" for k, v in sorted(kwargs.items())
-                     if k in given and not _is_data(v)]
+                     if k in given and not is_data(v)]
             values: list[tuple[str, Any]] = [(k, v) for k, v in kwargs.items()
-                                             if k in given and not _is_data(v)]
+                                             if k in given and not is_data(v)]
             for v in kwargs.values():
-                if _is_data(v):
+                if is_data(v):
                     self._record_draws(v, parts, values, own)
             if own:
                 self.examples += 1

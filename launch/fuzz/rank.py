@@ -34,6 +34,7 @@ from launch.fuzz.probe import ArcTracer, Probe, classify
 from launch.fuzz.replay import from_lockstep
 from launch.fuzz.scheduler import Scheduler
 from launch.fuzz.session import Session, parse_failure
+from launch.hypo import engine
 from launch.plugin import mode_of
 
 DIR_ENV = "LAUNCH_FUZZ_DIR"  # the session folder (state.json, inflight.json)
@@ -50,7 +51,7 @@ CHECK_ENV = "LAUNCH_FUZZ_CHECK"  # the launcher's check before a session: count 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if os.environ.get(CHECK_ENV):
-        n = sum(_is_given(it) for it in session.items)
+        n = sum(engine.given_function(it) is not None for it in session.items)
         print(f"\nlaunch fuzz: {n} @given tests of {len(session.items)}", flush=True)
 
 
@@ -66,11 +67,6 @@ class _Loader:
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         config.pluginmanager.register(FuzzLoop(config), "launch-fuzz-loop")
-
-
-def _is_given(item: pytest.Item) -> bool:
-    fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-    return bool(getattr(fn, "is_hypothesis_test", False))
 
 
 class FuzzLoop:
@@ -103,7 +99,7 @@ class FuzzLoop:
             self.store, self.world = dist.PrefixStore("fuzz/", mode.store), None
         self.db_path = os.environ.get(DB_ENV, str(self.dir / "db"))
         self.db = DirectoryBasedExampleDatabase(self.db_path)
-        items = [it for it in session.items if _is_given(it)]
+        items = [it for it in session.items if engine.given_function(it) is not None]
         self.by_id = {it.nodeid: it for it in items}
         tracer = None
         if self.rank == 0:
@@ -153,28 +149,24 @@ class FuzzLoop:
     def _slice(self, k: int, item: pytest.Item, n: int) -> bool:
         from launch.world import world_size_of
 
-        fn = getattr(item.obj, "__func__", item.obj)
-        handle = fn.hypothesis
-        saved = (fn._hypothesis_internal_use_settings, handle.inner_test)
-        fn._hypothesis_internal_use_settings = slice_settings(saved[0], self.db, item.nodeid, n)
-        given = set(getattr(handle, "_given_kwargs", {}) or {})
+        fn = engine.given_function(item)
+        given = set(getattr(fn.hypothesis, "_given_kwargs", {}) or {})
         op = _param_id(item)
         self.probe.begin(item.nodeid, k, op)
         if self.rank == 0:
             self.state.current = {"nodeid": item.nodeid, "slice": k, "examples": n,
                                   "started": time.time()}
             self._save()
-        handle.inner_test = self.probe.wrap(saved[1], given)
         session = item.session
         # NOTE: the stack may hold another module's fixtures from the last
         # slice; tear down what this item does not share, keep the rest.
         session._setupstate.teardown_exact(item)
         t = time.time()
         size = min(world_size_of(item) or self.size, self.size)  # the sub-world that runs it
-        try:
+        with engine.layer(fn, "slice",
+                          settings=lambda cur: slice_settings(cur, self.db, item.nodeid, n),
+                          inner=lambda inner: self.probe.wrap(inner, given)):
             reports = self.mode.run(item, world_size_of(item))
-        finally:
-            fn._hypothesis_internal_use_settings, handle.inner_test = saved
         dt = time.time() - t
         failed = [r for r in reports if r.failed]
         skipped = [r for r in reports if r.skipped]
@@ -191,7 +183,7 @@ class FuzzLoop:
         if self.rank == 0:
             self._fold(item, n, dt, failed, skipped, per_rank)
         fatal = any(w in (r.longreprtext or "") for r in failed
-                    for w in ("LockstepDivergence", "SimDivergence", "launch:"))
+                    for w in ("LockstepDivergence", "launch:"))
         return not fatal
 
     def _fold(self, item: pytest.Item, n: int, dt: float, failed: list[Any],

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from launch.fuzz.nodedb import per_node
+from launch.hypo import engine
 
 DEFAULT_DB = ".fuzz-db"
 ENV = "LAUNCH_FUZZ_DB"
@@ -189,10 +190,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     path = item.stash.get(_REPLAY, None)
     if path is None:
         return
-    fn = getattr(item.obj, "__func__", item.obj)
-    item.stash[_SAVED] = fn._hypothesis_internal_use_settings
-    fn._hypothesis_internal_use_settings = replay_settings(
-        fn._hypothesis_internal_use_settings, path, item.nodeid)
+    engine.push(engine.given_function(item), "replay",
+                settings=lambda cur: replay_settings(cur, path, item.nodeid))
+    item.stash[_LAYERED] = True
 
 
 @pytest.hookimpl(wrapper=True)
@@ -200,12 +200,10 @@ def pytest_runtest_teardown(item: pytest.Item):
     try:
         return (yield)
     finally:
-        saved = item.stash.get(_SAVED, None)
-        if saved is not None:
-            fn = getattr(item.obj, "__func__", item.obj)
-            fn._hypothesis_internal_use_settings = saved
-            del item.stash[_SAVED]
+        if item.stash.get(_LAYERED, False):
+            engine.pop(engine.given_function(item), "replay")
+            del item.stash[_LAYERED]
 
 
 _REPLAY = pytest.StashKey["Path | str"]()
-_SAVED = pytest.StashKey[Any]()
+_LAYERED = pytest.StashKey[bool]()

@@ -31,25 +31,18 @@ opt-in. Heavy imports happen inside hooks only; it never imports ``dtensor``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import sys
-import threading
 from typing import Any
 
 import pytest
 
 from launch import hookspecs
+from launch.agree import LockstepDivergence, RankFailure
+from launch.hypo import engine
 from launch.hypo.db import WHERE
-from launch.hypo.run import (
-    LEFT,
-    RUN_NPROC_ENV,
-    LockstepDivergence,
-    RankFailure,
-    _lockstep_settings,
-    _Run,
-)
+from launch.hypo.run import LEFT, RUN_NPROC_ENV, _Run
 
 __all__ = ["RUN_NPROC_ENV", "ExampleInWorldError", "LockstepDivergence", "RankFailure"]
 
@@ -155,53 +148,19 @@ class _Test:
             pass
 
 
-def _install_patch() -> None:
-    """Route every Hypothesis run of this process through ``_ACTIVE`` (once)."""
-    from hypothesis import core
-    from hypothesis.strategies import SearchStrategy
+def _start_run(test: Any, wrapped_test: Any, settings: Any, stuff: Any) -> _Run | None:
+    """A Hypothesis run began on the main thread: in lockstep while a
+    multi-rank test runs here (``launch.hypo.engine.install_run_hook``)."""
+    return None if _ACTIVE is None else _ACTIVE.new_run(test, wrapped_test, settings, stuff)
 
-    cls = core.StateForActualGivenExecution
-    if getattr(cls, "_launch_lockstep", False):
-        return
-    init, run_engine, example = cls.__init__, cls.run_engine, SearchStrategy.example
 
-    @functools.wraps(init)
-    def __init__(self, stuff, test, settings, random, wrapped_test, **kw):
-        run = None
-        active = _ACTIVE
-        if active is not None and threading.current_thread() is threading.main_thread():
-            run = active.new_run(test, wrapped_test, settings, stuff)
-            settings, random, test = run.settings, run.shared_random(random), run.wrap(test)
-        init(self, stuff, test, settings, random, wrapped_test, **kw)
-        self._launch_run = run
-
-    @functools.wraps(run_engine)
-    def _run_engine(self):
-        run = getattr(self, "_launch_run", None)
-        if run is None:
-            return run_engine(self)
-        try:
-            result = run_engine(self)
-        except LockstepDivergence:
-            raise  # the ranks are apart; a final exchange could only wait
-        except BaseException:
-            run.finish()
-            raise
-        run.finish()
-        return result
-
-    @functools.wraps(example)
-    def _example(self):
-        if _ACTIVE is not None:
-            raise ExampleInWorldError(
-                f"hypothesis lockstep: {_ACTIVE.item.nodeid}: strategy.example() in a "
-                "world test draws from this rank's own random state, so ranks get "
-                "different values. Write the test with @given (on the test, or on an "
-                "inner function it calls): those draws run in lockstep on every rank.")
-        return example(self)
-
-    cls.__init__, cls.run_engine, SearchStrategy.example = __init__, _run_engine, _example
-    cls._launch_lockstep = True
+def _no_example_in_a_world() -> None:
+    if _ACTIVE is not None:
+        raise ExampleInWorldError(
+            f"hypothesis lockstep: {_ACTIVE.item.nodeid}: strategy.example() in a "
+            "world test draws from this rank's own random state, so ranks get "
+            "different values. Write the test with @given (on the test, or on an "
+            "inner function it calls): those draws run in lockstep on every rank.")
 
 
 # The pytest side ---------------------------------------------------------------------
@@ -215,23 +174,23 @@ class _Plugin:
         global _ACTIVE
         if "hypothesis" not in sys.modules:  # nothing in this process can draw
             return (yield)
-        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        given = getattr(fn, "is_hypothesis_test", False)
+        fn = engine.given_function(item)
         members = _members(item)
-        saved = None
-        if given and (members is not None or "world" in getattr(item, "fixturenames", ())):
+        layered = fn is not None and (members is not None
+                                      or "world" in getattr(item, "fixturenames", ()))
+        if layered:
             # NOTE: hypothesis' own pytest hook (inside this wrapper) fails a
             # @given test that takes the function-scoped `world` fixture; that
             # fixture is one value per test, so the check does not apply.
-            saved = fn._hypothesis_internal_use_settings
-            fn._hypothesis_internal_use_settings = _lockstep_settings(saved, saved.database)
+            engine.push(fn, "lockstep", settings=lambda cur: engine.multi_process_settings(
+                cur, database=cur.database))
         if members is None:
             try:
                 return (yield)
             finally:
-                if saved is not None:
-                    fn._hypothesis_internal_use_settings = saved
-        _install_patch()
+                if layered:
+                    engine.pop(fn, "lockstep")
+        engine.install_run_hook(_start_run, _no_example_in_a_world)
         inv = self.calls[item.nodeid] = self.calls.get(item.nodeid, 0) + 1
         _ACTIVE = test_ = _Test(item, members, inv, self.config.getoption("lockstep_timeout"))
         how = "it passed"
@@ -243,5 +202,5 @@ class _Plugin:
         finally:
             _ACTIVE = None
             test_.leave(how)
-            if saved is not None:
-                fn._hypothesis_internal_use_settings = saved
+            if layered:
+                engine.pop(fn, "lockstep")

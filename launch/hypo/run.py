@@ -16,8 +16,9 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from launch.agree import span
+from launch.agree import LockstepDivergence, RankFailure, example_verdict, span
 from launch.hypo.db import mirror_db_class as _mirror_db_class
+from launch.hypo.engine import is_data, multi_process_settings
 
 __all__ = ["LockstepDivergence", "RankFailure"]
 
@@ -25,28 +26,7 @@ RUN_NPROC_ENV = "LAUNCH_RUN_NPROC"  # ranks per node of the run (lockstep mode s
 LEFT = "LEFT:"  # store value: the rank that should have set this key left the test
 
 
-class LockstepDivergence(BaseException):
-    """Ranks drew different examples: Hypothesis must not shrink this (it is
-    a BaseException so Hypothesis lets it through)."""
-
-
-class RankFailure(AssertionError):
-    """An example failed on some rank; raised identically on every rank."""
-
-
 # One Hypothesis run in lockstep ---------------------------------------------------------
-_TIMING_CHECKS = ("too_slow", "differing_executors", "function_scoped_fixture")
-
-
-def _lockstep_settings(current: Any, db: Any) -> Any:
-    from hypothesis import HealthCheck, Phase, settings
-
-    checks = list(dict.fromkeys([*current.suppress_health_check,
-                                 *(HealthCheck[c] for c in _TIMING_CHECKS)]))
-    return settings(current, deadline=None, database=db, suppress_health_check=checks,
-                    phases=[p for p in current.phases if p != Phase.explain])
-
-
 class _Run:
     """One Hypothesis run (one ``@given`` call) of a multi-rank test on one rank."""
 
@@ -62,7 +42,7 @@ class _Run:
         self.current = current
         db = _mirror_db_class()(current.database, self.store, self.rank, self.timeout,
                                 self.read)
-        self.settings = _lockstep_settings(current, db)
+        self.settings = multi_process_settings(current, database=db)
         self.k = 0
         self.seed: int | None = None
 
@@ -101,7 +81,7 @@ class _Run:
 
         __tracebackhide__ = True
         draws = [f"{k}={v!r}"[:300] for k, v in sorted(kwargs.items())
-                 if k in self.given and not _is_data(v)]
+                 if k in self.given and not is_data(v)]
         for v in kwargs.values():
             _record_draws(v, draws)
         outcome, err, control, result = "pass", "", None, None
@@ -129,25 +109,23 @@ class _Run:
         got = self.exchange(slot, {"h": digest, "o": outcome, "e": err,
                                    "d": [d[:300] for d in draws][:20]})
         self.check_same(got, slot)
-        found = [r for r in self.members if got[r]["o"] == "found"]
-        if found and len(found) != len(self.members):
+        kind, ranks = example_verdict({r: got[r]["o"] for r in self.members})
+        if kind == "diverged" and got[ranks[0]]["o"] == "found":
             raise LockstepDivergence(
                 f"hypothesis lockstep: {self.item.nodeid}: the find() condition held "
-                f"for example #{slot} of {self.name} on rank(s) {found} only "
+                f"for example #{slot} of {self.name} on rank(s) {ranks} only "
                 f"({'; '.join(draws) or 'no draws'}); a find() condition must not "
                 f"depend on the rank. {self.replay_hint()}")
-        controls = [r for r in self.members if got[r]["o"] == "control"]
-        if controls and len(controls) != len(self.members):
+        if kind == "diverged":
             raise LockstepDivergence(
                 f"hypothesis lockstep: {self.item.nodeid}: example #{slot} of {self.name} "
-                f"stopped the test (skip/exit/interrupt) on rank(s) {controls} only. "
+                f"stopped the test (skip/exit/interrupt) on rank(s) {ranks} only. "
                 f"{self.replay_hint()}")
-        if control is not None:
+        if kind in ("control", "found"):
             raise control
-        failed = [r for r in self.members if got[r]["o"] == "fail"]
-        if failed:
-            raise RankFailure(self.failure_text(got, failed))
-        if any(got[r]["o"] == "reject" for r in self.members):
+        if kind == "failed":
+            raise RankFailure(self.failure_text(got, ranks))
+        if kind == "rejected":
             raise UnsatisfiedAssumption()
         return result
 
@@ -251,13 +229,9 @@ class _Run:
         return "Replay: " + " ".join(cmd)
 
 
-def _is_data(v: Any) -> bool:
-    return type(v).__name__ == "DataObject" and hasattr(v, "draw")
-
-
 def _record_draws(v: Any, out: list[str]) -> None:
     """Record the repr of every ``data.draw`` of an ``st.data()`` argument."""
-    if not _is_data(v):
+    if not is_data(v):
         return
     draw = v.draw
 

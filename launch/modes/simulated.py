@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from launch.agree import RankFailure
 from launch.sim import world as sim
 from launch.sim.inner_given import refusing
 from launch.sim.threaded import entered
@@ -178,13 +179,13 @@ class SimMode:
             raise skips[0].error
         real = [o for o in errors if not o.aborted and not isinstance(o.error, Skipped)]
         first = (real or errors)[0]
-        if all(type(o.error).__name__ == "SimRankFailure" for o in errors):
+        if all(isinstance(o.error, RankFailure) for o in errors):
             lines = [f"simulated {n}-rank world: every rank raised the lockstep failure above"]
         else:
             lines = [f"simulated {n}-rank world: failed on rank(s) "
                      f"{[o.rank for o in real] or [o.rank for o in errors]} of {n}"]
         for o in errors:
-            if o is first or type(o.error).__name__ == "SimRankFailure":
+            if o is first or isinstance(o.error, RankFailure):
                 continue  # lockstep raised the same failure on every rank
             why = ("hung (no return by the deadline)" if o.hung else
                    "released from a collective after another rank failed" if o.aborted else

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["is_data", "plain", "private"]
+__all__ = ["plain", "private"]
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range)
 
@@ -144,7 +144,3 @@ def plain(value: Any, depth: int = 0) -> bool:
         return all(plain(getattr(value, f.name), depth + 1)
                    for f in dataclasses.fields(value))
     return False
-
-
-def is_data(v: Any) -> bool:
-    return type(v).__name__ == "DataObject" and hasattr(v, "draw")

@@ -22,9 +22,9 @@ from typing import Any
 from hypothesis.control import _current_build_context
 from hypothesis.internal.conjecture.data import ConjectureData
 
+from launch.agree import LockstepDivergence
 from launch.sim.copies import plain, private
 from launch.sim.turn import turn
-from launch.sim.world import SimDivergence
 
 __all__ = ["RankData", "SharedDraws", "drawer_waits"]
 
@@ -161,7 +161,7 @@ class SharedDraws:
                 while not slot.done:
                     self.cond.wait(1.0)
         if slot.error is None and len(replay.nodes) != slot.end - slot.start:
-            raise SimDivergence(f"rank {rank}'s draw {k + 1} made {len(replay.nodes)} "
+            raise LockstepDivergence(f"rank {rank}'s draw {k + 1} made {len(replay.nodes)} "
                                 f"choices, the engine's {slot.end - slot.start}")
         return value
 
@@ -180,11 +180,11 @@ class SharedDraws:
                 if slot.done:
                     if slot.error is not None:
                         raise slot.error
-                    raise SimDivergence(f"a replayed draw asked for choice {i + 1}; the "
+                    raise LockstepDivergence(f"a replayed draw asked for choice {i + 1}; the "
                                         f"engine's draw made {slot.end - slot.start}")
                 left = end - time.monotonic()
                 if left <= 0:
-                    raise SimDivergence("a replayed draw waited too long for the engine")
+                    raise LockstepDivergence("a replayed draw waited too long for the engine")
             # The turn is given up outside the lock (a rank holding the turn
             # may be about to take the lock); the choice may have come since.
             with turn.waiting(), self.cond:

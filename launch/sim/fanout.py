@@ -29,11 +29,12 @@ reported as a divergence. Examples must not depend on the rank: a strategy
 that reads the rank while drawing a plain value (``st.builds(dist.get_rank)``)
 gives every simulated rank the drawer's value.
 
-Per example the ranks' outcomes are combined as a real world combines them:
-a failure on any rank fails the example on all (one ``SimRankFailure`` naming
-the ranks, their errors and the drawn values, which the engine then shrinks);
-an assumption rejected anywhere rejects it; Hypothesis' own control flow
-(end of data, skips) is re-raised to the engine.
+Per example the ranks' outcomes are combined as a real world combines them
+(``launch.agree.example_verdict``): a failure on any rank fails the example
+on all (one ``RankFailure`` naming the ranks, their errors and the drawn
+values, which the engine then shrinks); an assumption rejected anywhere
+rejects it; Hypothesis' own control flow (end of data, skips) on every rank
+is re-raised to the engine, on some ranks only it is a divergence.
 
 Example (what ``launch.modes.simulated`` does for a ``@given`` test)::
 
@@ -54,14 +55,15 @@ import pytest
 from hypothesis.control import _current_build_context, current_build_context
 from hypothesis.errors import UnsatisfiedAssumption
 
-from launch.sim.copies import is_data, plain, private
+from launch.agree import LockstepDivergence, RankFailure, example_verdict
+from launch.hypo import engine
+from launch.hypo.engine import is_data
+from launch.sim.copies import plain, private
 from launch.sim.draws import SharedDraws, drawer_waits
 from launch.sim.turn import on_wait
-from launch.sim.world import SimDivergence, SimRankFailure, SimWorld
+from launch.sim.world import SimWorld
 
-__all__ = ["SimDivergence", "SimFanout", "SimRankFailure"]
-
-_TIMING_CHECKS = ("too_slow", "differing_executors", "function_scoped_fixture")
+__all__ = ["SimFanout"]
 
 
 class SimFanout:
@@ -84,32 +86,24 @@ class SimFanout:
         self.deadline = 0.0
 
     def __enter__(self) -> SimFanout:
-        from hypothesis import HealthCheck, Phase, settings
-
         on_wait(drawer_waits)
-
-        fn = self.fn
-        self._saved = (self.handle.inner_test, fn._hypothesis_internal_use_settings)
-        current = fn._hypothesis_internal_use_settings
-        checks = list(dict.fromkeys([*current.suppress_health_check,
-                                     *(getattr(HealthCheck, c) for c in _TIMING_CHECKS)]))
         more = {"max_examples": self.max_examples} if self.max_examples else {}
-        fn._hypothesis_internal_use_settings = settings(
-            current, **more, deadline=None, suppress_health_check=checks,
-            phases=[p for p in current.phases if p != Phase.explain])
-        inner = self.handle.inner_test
 
-        @functools.wraps(inner)
-        def fanned_out(*args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True
-            return self._example(inner, args, kwargs)
+        def fan_out(inner: Any) -> Any:
+            @functools.wraps(inner)
+            def fanned_out(*args: Any, **kwargs: Any) -> Any:
+                __tracebackhide__ = True
+                return self._example(inner, args, kwargs)
 
-        self.handle.inner_test = fanned_out
+            return fanned_out
+
+        engine.push(self.fn, "fanout", inner=fan_out,
+                    settings=lambda cur: engine.multi_process_settings(cur, **more))
         self.deadline = time.monotonic() + self.timeout
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.handle.inner_test, self.fn._hypothesis_internal_use_settings = self._saved
+        engine.pop(self.fn, "fanout")
 
     def _redraw(self, choices: list, names: list[str]) -> dict[str, Any]:
         """The given arguments ``names`` drawn on this thread from ``choices``
@@ -165,21 +159,25 @@ class SimFanout:
                 ", ".join(f"{k}={v!r}" for k, v in sorted(drawn.items())),
                 *(t for s in shared.values() for t in s.texts)) if t)[:1500]
 
-        hung = [o.rank for o in outs if o.hung]
-        if hung:
-            raise SimDivergence(f"{self.item.nodeid}: rank(s) {hung} of the simulated "
-                                f"{self.n}-rank world hung on example: {texts()}. {self.replay}")
-        for s in shared.values():
-            off = [r for r, c in enumerate(s.counts) if c != s.counts[0]]
-            if off and not any(o.error is not None for o in outs):
-                raise SimDivergence(
-                    f"{self.item.nodeid}: rank(s) {off} drew {[s.counts[r] for r in off]} "
-                    f"values, rank 0 drew {s.counts[0]}: examples must not depend on the "
+        for s_ in shared.values():
+            off = [r for r, c in enumerate(s_.counts) if c != s_.counts[0]]
+            if off and not any(o.error is not None or o.hung for o in outs):
+                raise LockstepDivergence(
+                    f"{self.item.nodeid}: rank(s) {off} drew {[s_.counts[r] for r in off]} "
+                    f"values, rank 0 drew {s_.counts[0]}: examples must not depend on the "
                     f"rank. {self.replay}")
-        failed = [o for o in outs if isinstance(o.error, Exception) and not o.aborted
-                  and not isinstance(o.error, UnsatisfiedAssumption)]
-        if failed:
-            lines = [f"example failed on rank(s) {[o.rank for o in failed]} of "
+        kind, ranks = example_verdict({o.rank: _outcome(o) for o in outs})
+        by_rank = {o.rank: o for o in outs}
+        if kind == "diverged":
+            o = by_rank[ranks[0]]
+            why = ("hung on example" if o.hung else
+                   f"were released from a collective: {o.error}" if o.aborted else
+                   "stopped the test (skip/exit/interrupt) only, on example")
+            raise LockstepDivergence(f"{self.item.nodeid}: rank(s) {ranks} of the simulated "
+                                     f"{self.n}-rank world {why}: {texts()}. {self.replay}")
+        if kind == "failed":
+            failed = [by_rank[r] for r in ranks]
+            lines = [f"example failed on rank(s) {ranks} of "
                      f"{list(range(self.n))} (simulated world): {texts()}"]
             for o in failed[:4]:
                 err = o.error
@@ -189,15 +187,22 @@ class SimFanout:
             if len(failed) > 4:
                 lines.append(f"(and {len(failed) - 4} more ranks)")
             lines.append(self.replay)
-            raise SimRankFailure("\n".join(lines)) from failed[0].error
-        control = [o for o in outs if o.error is not None and not isinstance(o.error, Exception)]
-        if control:
-            raise control[0].error
-        if any(isinstance(o.error, UnsatisfiedAssumption) for o in outs):
+            raise RankFailure("\n".join(lines)) from failed[0].error
+        if kind == "control":
+            raise by_rank[ranks[0]].error
+        if kind == "rejected":
             raise UnsatisfiedAssumption()
-        aborted = [o for o in outs if o.error is not None]
-        if aborted:  # released from a collective with no failure anywhere
-            raise SimDivergence(f"{self.item.nodeid}: rank(s) {[o.rank for o in aborted]} "
-                                f"were released from a collective: {aborted[0].error}. "
-                                f"{self.replay}")
         return outs[0].value
+
+
+def _outcome(o: Any) -> str:
+    """One rank's outcome of one example, for ``launch.agree.example_verdict``."""
+    if o.hung:
+        return "hung"
+    if o.error is None:
+        return "pass"
+    if o.aborted:
+        return "released"
+    if isinstance(o.error, UnsatisfiedAssumption):
+        return "reject"
+    return "fail" if isinstance(o.error, Exception) else "control"
