@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 
 from _pytest.reports import TestReport
 
 PHASES = ("setup", "call", "teardown")
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")
 MAX_TEXT = 6000  # characters of one rank's traceback carried over the store
 
 
@@ -76,10 +78,15 @@ def decide(verdicts: list[str], members: tuple[int, ...]) -> Decision | None:
         blocks = [head]
         # Ranks that failed with the same text are shown once (a failure that
         # does not depend on the rank would otherwise print n copies).
+        # Object addresses in a long traceback's locals differ per process.
         same: dict[tuple[str, str], list[int]] = {}
+        first: dict[tuple[str, str], str] = {}
         for r in failed:
-            same.setdefault(parsed[r][1:], []).append(r)
-        for (phase, text), rs in same.items():
+            key = (parsed[r][1], _ADDRESS.sub("0x…", parsed[r][2]))
+            same.setdefault(key, []).append(r)
+            first.setdefault(key, parsed[r][2])
+        for key, rs in same.items():
+            phase, text = key[0], first[key]
             who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {span(rs)}, same error"
             blocks.append(f"{'-' * 20} {who} ({phase}) {'-' * 20}\n{text}")
         return Decision(when, "\n".join(blocks), head)
