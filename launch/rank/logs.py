@@ -48,7 +48,7 @@ def rank_story(path: Path, stderr: list[Path]) -> str:
                 frames.append(ln)
         out += frames[:6]
     for err in stderr:
-        tail = tail(err, 6)
-        if tail != "(empty)":
-            out.append(f"stderr ({err}):\n{tail}")
+        last = tail(err, 6)
+        if last != "(empty)":
+            out.append(f"stderr ({err}):\n{last}")
     return "\n".join(out) or "(empty log: the rank never got to pytest's configure)"
