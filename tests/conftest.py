@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -37,3 +40,60 @@ def fresh_process():
                               text=True, timeout=timeout, env=env)
 
     return run
+
+
+@pytest.fixture
+def line_mesh():
+    """``line_mesh(n)``: a 1-D CPU mesh over ranks ``0 .. n-1`` of the test's
+    world (all of them when ``n`` is left out). The mesh is built where the
+    test calls it, on each rank: fixtures of a simulated world run on no rank.
+
+    Example:
+        >>> @pytest.mark.world_size(2)
+        ... def test_halves(line_mesh):
+        ...     assert line_mesh().size() == 2 and line_mesh(1).size() == 1
+    """
+
+    def make(n: int | None = None):
+        import torch.distributed as dist
+
+        from dtensor import DeviceMesh
+
+        return DeviceMesh("cpu", list(range(dist.get_world_size() if n is None else n)))
+
+    return make
+
+
+@pytest.fixture
+def shared_dir():
+    """``with shared_dir() as path:`` a fresh directory every rank of the
+    test's world sees. The world's first rank makes it and sends its path to
+    the others; on leaving, every rank waits for the others, then the first
+    rank removes it. Call it in the test body, on every rank of the world.
+
+    Example:
+        >>> @pytest.mark.world_size(2)
+        ... def test_save(world, shared_dir):
+        ...     with shared_dir() as path:
+        ...         torch.save(world.rank, f"{path}/{world.rank}.pt")
+    """
+
+    @contextlib.contextmanager
+    def make(prefix: str = "dtensor-test-"):
+        import torch
+        import torch.distributed as dist
+
+        buf = torch.zeros(512, dtype=torch.uint8)
+        if dist.get_rank() == 0:
+            made = tempfile.mkdtemp(prefix=prefix).encode()
+            buf[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
+        dist.broadcast(buf, src=0)
+        path = bytes(buf[buf != 0].tolist()).decode()
+        try:
+            yield path
+        finally:
+            dist.barrier()
+            if dist.get_rank() == 0:
+                shutil.rmtree(path, ignore_errors=True)
+
+    return make
