@@ -27,6 +27,7 @@ def _run(*extra: str) -> str:
     return p.stdout
 
 
+@pytest.mark.slow  # several property runs in real worlds: the full run
 def test_quiet_runs_print_no_property_table_unless_asked() -> None:
     if UNDER_TORCHRUN:
         pytest.skip("self-test starts its own worlds; run it with plain pytest")

@@ -98,6 +98,7 @@ def test_a_one_rank_failure_shrinks_in_lockstep_and_prints_both_replays(child) -
             "'test_s.py::test_fails_on_rank_3_from_10'") in r.out
 
 
+@pytest.mark.slow  # re-runs failures in real worlds: the full run
 def test_confirm_tells_runtime_bugs_from_simulator_faults(child) -> None:
     r = child({"test_s.py": SUITE}, "-m", "pytest", "--dist-sim", "--dist-sim-confirm",
               "-p", "no:cacheprovider", "test_s.py", "-k", "everywhere or separate",
