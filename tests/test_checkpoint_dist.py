@@ -9,9 +9,6 @@ sub-mesh: the other ranks do not take part.
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -28,29 +25,8 @@ from dtensor import (
     distribute_tensor,
 )
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
 # Even, uneven in one dim, uneven in both, 1-D with an empty trailing shard.
 SHAPES = {"even": (8, 6), "uneven": (7, 5), "odd2d": (5, 3), "vec": (3,)}
-
-
-@contextmanager
-def shared_dir(world):
-    """A directory every rank of the test sees (rank 0 makes it, then removes it)."""
-    buf = torch.zeros(512, dtype=torch.uint8)
-    if world.rank == 0:
-        made = tempfile.mkdtemp(prefix="dtensor-ckpt-").encode()
-        buf[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
-    dist.broadcast(buf, group=world.group, group_src=0)
-    path = bytes(buf[buf != 0].tolist()).decode()
-    try:
-        with ckpt.object_collectives_without_numpy():  # for plain dcp.save/load
-            yield path
-    finally:
-        dist.barrier(group=world.group)
-        if world.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _reference() -> dict[str, torch.Tensor]:
@@ -86,9 +62,9 @@ def _save_4_shard0(path: str) -> dict:
     return ref
 
 
-@W4
-def test_save_4_ranks_shard0_load_2_ranks_replicated(world) -> None:
-    with shared_dir(world) as path:
+@pytest.mark.world_size(4)
+def test_save_4_ranks_shard0_load_2_ranks_replicated(world, shared_dir) -> None:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         ref = _save_4_shard0(path)
         mesh2 = DeviceMesh("cpu", [0, 1])
         sd = _blank(mesh2, lambda nd: [Replicate()])
@@ -101,9 +77,9 @@ def test_save_4_ranks_shard0_load_2_ranks_replicated(world) -> None:
                 assert torch.equal(sd[k].to_local(), ref[k])
 
 
-@W4
-def test_save_4_ranks_shard0_load_2x2_mesh_shard0_shard1(world) -> None:
-    with shared_dir(world) as path:
+@pytest.mark.world_size(4)
+def test_save_4_ranks_shard0_load_2x2_mesh_shard0_shard1(world, shared_dir) -> None:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         ref = _save_4_shard0(path)
         mesh22 = DeviceMesh("cpu", [[0, 1], [2, 3]])
         sd = _blank(mesh22, lambda nd: [Shard(0), Shard(1)] if nd == 2 else [Shard(0), Shard(0)])
@@ -117,12 +93,12 @@ def test_save_4_ranks_shard0_load_2x2_mesh_shard0_shard1(world) -> None:
             assert torch.equal(sd[k].to_local(), want), k
 
 
-@W4
-def test_plain_dcp_over_the_world_with_a_sub_mesh_and_an_outsider(world) -> None:
+@pytest.mark.world_size(4)
+def test_plain_dcp_over_the_world_with_a_sub_mesh_and_an_outsider(world, shared_dir) -> None:
     # dcp.save/load called by every rank of the world; rank 0 is outside the
     # mesh and writes and reads nothing for it.
     ref = _reference()
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         mesh3 = DeviceMesh("cpu", [1, 2, 3])
         sd = {k: distribute_tensor(v, mesh3, [Shard(0)]) for k, v in ref.items()}
         dcp.save(sd, checkpoint_id=path, process_group=world.group)
@@ -132,12 +108,12 @@ def test_plain_dcp_over_the_world_with_a_sub_mesh_and_an_outsider(world) -> None
         _check_every_element(back, ref)
 
 
-@W4
-def test_sub_mesh_checkpoint_needs_only_its_ranks(world) -> None:
+@pytest.mark.world_size(4)
+def test_sub_mesh_checkpoint_needs_only_its_ranks(world, shared_dir) -> None:
     # Saved by ranks 2, 3 only, loaded by ranks 0, 1 only: ckpt.save/load
     # run DCP over the meshes' ranks, so each pair runs alone.
     ref = _reference()
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         if world.rank in (2, 3):
             mesh = DeviceMesh("cpu", [2, 3])
             ckpt.save({k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in ref.items()}, path)
@@ -149,8 +125,8 @@ def test_sub_mesh_checkpoint_needs_only_its_ranks(world) -> None:
             _check_every_element(sd, ref)
 
 
-@W2
-def test_module_state_dict_round_trip_resumes_parameters(world) -> None:
+@pytest.mark.world_size(2)
+def test_module_state_dict_round_trip_resumes_parameters(world, shared_dir) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     torch.manual_seed(0)
     src = torch.nn.Linear(5, 3)
@@ -161,7 +137,7 @@ def test_module_state_dict_round_trip_resumes_parameters(world) -> None:
         for name, p in list(mod.named_parameters()):
             layout = pl if p.ndim == 2 else [Replicate()]
             setattr(mod, name, torch.nn.Parameter(distribute_tensor(p.detach(), mesh, layout)))
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         ckpt.save(src.state_dict(), path)
         ckpt.load(dst.state_dict(), path)  # in place: the parameters change
     assert torch.equal(dst.weight.full_tensor(), src.weight.full_tensor())
@@ -169,25 +145,25 @@ def test_module_state_dict_round_trip_resumes_parameters(world) -> None:
     assert dst.weight.placements == (Shard(1),)
 
 
-@W2
-def test_partial_is_refused_on_every_rank_as_a_value_error(world) -> None:
+@pytest.mark.world_size(2)
+def test_partial_is_refused_on_every_rank_as_a_value_error(world, shared_dir) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     p = distribute_tensor(torch.ones(4), mesh, [Partial()])
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         with pytest.raises(ValueError, match="Partial"):
             ckpt.save({"p": p}, path)
         with pytest.raises(PlacementError, match="reduce it first"):
             ckpt.load({"p": p}, path)
 
 
-@W2
-def test_a_failure_on_one_rank_fails_every_rank_instead_of_blocking(world) -> None:
+@pytest.mark.world_size(2)
+def test_a_failure_on_one_rank_fails_every_rank_instead_of_blocking(world, shared_dir) -> None:
     # Rank 1's state dict holds a Partial: before, rank 1 raised and rank 0
     # waited in DCP's first collective until killed.
     mesh = DeviceMesh("cpu", [0, 1])
     placements = [Partial()] if world.rank == 1 else [Replicate()]
     sd = {"p": distribute_tensor(torch.ones(4), mesh, placements)}
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         for call in (ckpt.save, ckpt.load):
             if world.rank == 1:
                 with pytest.raises(PlacementError, match="reduce it first"):
@@ -210,10 +186,10 @@ def test_numpy_is_declared_for_torchs_dcp() -> None:
     assert any(d.split(">")[0].split("=")[0].strip() == "numpy" for d in deps), deps
 
 
-@W2
-def test_shape_mismatch_on_load_fails_on_every_rank(world) -> None:
+@pytest.mark.world_size(2)
+def test_shape_mismatch_on_load_fails_on_every_rank(world, shared_dir) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         ckpt.save({"w": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])}, path)
         wrong = {"w": distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])}
         with pytest.raises(dcp.api.CheckpointException, match="Size mismatch"):
@@ -230,8 +206,8 @@ def _model(mesh: DeviceMesh, weight_layout) -> torch.nn.Linear:
     return lin
 
 
-@W4
-def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world) -> None:
+@pytest.mark.world_size(4)
+def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world, shared_dir) -> None:
     # torch's get_state_dict/set_state_dict give FQN-keyed optimizer state;
     # its DTensor moments reshard like the parameters.
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -246,7 +222,7 @@ def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world) -> None:
     a = _model(mesh4, [Shard(0)])  # 5 rows on 4 ranks: uneven
     opt_a = torch.optim.Adam(a.parameters(), lr=0.1)
     step(a, opt_a, mesh4)
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         msd, osd = get_state_dict(a, opt_a)
         ckpt.save({"model": msd, "optim": osd}, path)
         step(a, opt_a, mesh4)  # the uninterrupted run's second step
@@ -272,10 +248,10 @@ def test_adam_state_resumes_on_fewer_ranks_with_another_layout(world) -> None:
                 assert float(opt_b.state[p]["step"]) == 2.0
 
 
-@W4
-def test_replicas_are_written_once_and_load_on_a_one_rank_sub_mesh(world) -> None:
+@pytest.mark.world_size(4)
+def test_replicas_are_written_once_and_load_on_a_one_rank_sub_mesh(world, shared_dir) -> None:
     ref = _reference()
-    with shared_dir(world) as path:
+    with shared_dir() as path, ckpt.object_collectives_without_numpy():
         mesh22 = DeviceMesh("cpu", [[0, 1], [2, 3]])
         sd = {k: distribute_tensor(v, mesh22, [Replicate(), Shard(v.ndim - 1)])
               for k, v in ref.items()}
