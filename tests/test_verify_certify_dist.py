@@ -83,7 +83,7 @@ def test_torch_runtime_certificate(world) -> None:
     assert cert.ok, str(cert)
 
 
-# Every built-in rule family ------------------------------------------------------------
+# Every built-in rule family -------------------------------------------------------
 def _two(x):
     return (x, x.flip(0) + 1)
 

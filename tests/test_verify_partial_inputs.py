@@ -28,7 +28,8 @@ def _pieces(x, mesh_shape, ps, split):
 
 
 @pytest.mark.parametrize("op", sorted(REDUCE))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
 def test_pieces_reduce_to_the_value(op, dtype) -> None:
     x = (torch.arange(12) - 5).reshape(3, 4).to(dtype)
     if op == "avg" and not dtype.is_floating_point:
@@ -55,7 +56,8 @@ def test_float_pieces_are_random_and_reduce_within_rounding() -> None:
 
 @pytest.mark.parametrize("ops", list(itertools.product(sorted(REDUCE), repeat=2)))
 def test_nested_mixed_partials_reduce_in_either_order(ops) -> None:
-    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, generator=g, dtype=torch.float64)
     ps = (Partial(ops[0]), Partial(ops[1]))
     p = _pieces(x, (2, 3), ps, PartialSplit((1, 2), 11))
     inner_first = REDUCE[ops[0]]([REDUCE[ops[1]]([p[(i, j)] for j in range(3)])

@@ -53,7 +53,8 @@ def _caught(*args, **kwargs) -> str:
 
 @W2
 def test_megatron_mlp_plan_passes(world) -> None:
-    verify_plan(MLP, {"w1": ColwiseParallel(), "w2": RowwiseParallel()}, inputs=_inputs())
+    verify_plan(MLP, {"w1": ColwiseParallel(), "w2": RowwiseParallel()},
+                inputs=_inputs())
 
 
 @W4
@@ -84,5 +85,6 @@ def test_norm_on_local_shards_without_input_redistribute_is_caught(world) -> Non
 
 @W2
 def test_swapped_colwise_rowwise_is_caught(world) -> None:
-    msg = _caught(MLP, {"w1": RowwiseParallel(), "w2": ColwiseParallel()}, inputs=_inputs())
+    msg = _caught(MLP, {"w1": RowwiseParallel(), "w2": ColwiseParallel()},
+                  inputs=_inputs())
     assert "first difference" in msg, msg

@@ -13,7 +13,8 @@ verdict with no communication, and raises ``RuleOutputError`` together.
 
 Rules registered by users (``dtensor.register_rule``,
 ``dtensor.experimental.register_sharding``) always get it; built-in rules
-get it under ``dtensor.dispatch.check_builtin_rules(True)`` (or env ``DTENSOR_CHECK_RULES=all``).
+get it under ``dtensor.dispatch.check_builtin_rules(True)`` (or env
+``DTENSOR_CHECK_RULES=all``).
 
 Example:
     >>> dtensor.dispatch.check_builtin_rules(True)   # every new plan checked
@@ -51,7 +52,7 @@ def guarded(user_rule: bool) -> bool:
 
 
 def rule_name(rule) -> str:
-    """A rule's name for messages: ``register_sharding`` rules by the user's function."""
+    """A rule's name for messages (``register_sharding`` rules: the user's function)."""
     fn = rule
     while hasattr(fn, "func") and hasattr(fn, "args"):  # functools.partial
         fn = fn.args[0] if fn.args and callable(fn.args[0]) else fn.func
@@ -101,10 +102,10 @@ def _message(call, rule, in_specs, shapes, coord, j, got, spec, want) -> str:
     return (
         f"{call.func}: the sharding rule {rule_name(rule)} claims output {j} is "
         f"{format_placements(spec.placements)} of global shape {list(spec.shape)} "
-        f"({spec.dtype}), so mesh coordinate {coord} of {tuple(spec.mesh.shape)} should "
-        f"hold a block of shape {list(want)}; but the op on that coordinate's inputs "
-        f"({ins}) gives a block of shape {list(got.shape)} ({got.dtype}). The rule is "
-        "wrong for these input placements: fix its output placements (or the input "
-        "placements it asks for), e.g. check it with "
+        f"({spec.dtype}), so mesh coordinate {coord} of {tuple(spec.mesh.shape)} "
+        f"should hold a block of shape {list(want)}; but the op on that coordinate's "
+        f"inputs ({ins}) gives a block of shape {list(got.shape)} ({got.dtype}). The "
+        "rule is wrong for these input placements: fix its output placements (or "
+        "the input placements it asks for), e.g. check it with "
         "dtensor.testing.verify_rule(op, ...)."
     )

@@ -107,10 +107,9 @@ def _output_specs(call: Call, info: OpInfo, specs, sharding: Sharding):
         outputs = outputs * len(metas)
     if len(metas) != len(outputs):
         raise RuleOutputError(
-            f"{func}: the sharding rule {rule_name(info.rule)} gave {len(outputs)} output "
-            f"placement tuples, but the op returns {len(metas)} tensors; give one "
-            "tuple per tensor output (Sharding(outputs=(...,) * "
-            f"{len(metas)}))"
+            f"{func}: the sharding rule {rule_name(info.rule)} gave {len(outputs)} "
+            f"output placement tuples, but the op returns {len(metas)} tensors; give "
+            f"one tuple per tensor output (Sharding(outputs=(...,) * {len(metas)}))"
         )
     mesh = specs[0].mesh
     return tuple(

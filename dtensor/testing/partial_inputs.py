@@ -55,11 +55,13 @@ class PartialSplit:
         return f"PartialSplit(holders={self.holders}, seed={self.seed})"
 
 
-def partial_splits(*, mesh_ndim: int, max_holder: int = 3) -> st.SearchStrategy[PartialSplit]:
+def partial_splits(*, mesh_ndim: int, max_holder: int = 3
+                   ) -> st.SearchStrategy[PartialSplit]:
     """Splits for a ``mesh_ndim``-D mesh; shrinks towards holder 0 and seed 0
     (a holder past an axis' size wraps around)."""
     holder = st.integers(0, max_holder)
-    return st.builds(PartialSplit, st.tuples(*[holder] * mesh_ndim), st.integers(0, 2**16))
+    return st.builds(PartialSplit, st.tuples(*[holder] * mesh_ndim),
+                     st.integers(0, 2**16))
 
 
 def _offsets(shape, dtype, n: int, seed: int, axis: int, exact: bool) -> torch.Tensor:
@@ -95,8 +97,8 @@ def _split_axis(v: torch.Tensor, op: str, n: int, c: int, holder: int, seed: int
         elif op == "avg":
             out = wide - others if c == h else wide + d[c]
         else:
-            raise ValueError(f"partial pieces: unknown reduce op {op!r}; expected one of "
-                             "sum, avg, max, min")
+            raise ValueError(f"partial pieces: unknown reduce op {op!r}; expected "
+                             "one of sum, avg, max, min")
     return out.to(v.dtype)
 
 

@@ -66,5 +66,6 @@ def dtensor_verify(request: pytest.FixtureRequest, world: Any) -> Verifier:
     marker = request.node.get_closest_marker("dtensor_impl")
     impl = marker.args[0] if marker and marker.args else "dtensor"
     if impl not in ("dtensor", "torch"):
-        raise pytest.UsageError(f"dtensor_impl({impl!r}): expected 'dtensor' or 'torch'")
+        raise pytest.UsageError(
+            f"dtensor_impl({impl!r}): expected 'dtensor' or 'torch'")
     return Verifier(impl, world)

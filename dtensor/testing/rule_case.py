@@ -27,7 +27,8 @@ from dtensor.testing.impl import exact_split
 from dtensor.testing.oracle import assert_layout
 from dtensor.testing.partial_inputs import PartialSplit, from_pieces
 
-__all__ = ["Case", "RuleCounterexample", "Sample", "run_case", "tensor_leaves_of"]
+__all__ = ["Case", "RuleCounterexample", "Sample", "agree_failed", "first_message",
+           "run_case", "tensor_leaves_of"]
 
 
 class RuleCounterexample(AssertionError):
@@ -73,8 +74,8 @@ class Case:
         leaves = tensor_leaves_of(self.sample)
         ins = "; ".join(f"{_short(t)} as {_pstr(p)}"
                         for t, p in zip(leaves, self.placements, strict=True))
-        return (f"{_op_name(self.op)}{_non_tensors(self.sample)} on mesh {self.layout}: "
-                f"{ins}; {self.split}")
+        return (f"{_op_name(self.op)}{_non_tensors(self.sample)} on mesh "
+                f"{self.layout}: {ins}; {self.split}")
 
 
 def tensor_leaves_of(sample: Sample) -> list[torch.Tensor]:
@@ -106,6 +107,23 @@ def _short(v: Any) -> str:
         inner = ", ".join(_short(x) for x in v)
         return f"[{inner}]" if isinstance(v, list) else f"({inner})"
     return repr(v)
+
+
+def first_message(err: BaseException | None) -> str:
+    """The lowest failing rank's message, on every rank (call after a failure)."""
+    import torch.distributed as dist
+
+    mine = None if err is None else str(err)
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine or ""
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    return next((m for m in got if m is not None), "")
+
+
+def agree_failed(failed: bool) -> int:
+    """How many ranks of the world failed (one tiny all-reduce; 0 without a world)."""
+    return _agree(failed)
 
 
 def _agree(failed: bool) -> int:
@@ -169,7 +187,8 @@ def run_case(impl: Any, case: Case, *, rtol: float | None = None,
         for j, (g, w) in enumerate(zip(got, want, strict=True)):
             if problem is None:
                 problem = _meta_problem(j, g, w)
-            if problem is None and any(type(p).__name__ == "Partial" for p in g.placements):
+            partial = any(type(p).__name__ == "Partial" for p in g.placements)
+            if problem is None and partial:
                 try:
                     assert_layout(g, None, msg=f"output {j}")
                 except AssertionError as e:
@@ -190,7 +209,8 @@ def run_case(impl: Any, case: Case, *, rtol: float | None = None,
 
 def _meta_problem(j: int, g: Any, w: torch.Tensor) -> str | None:
     if tuple(g.shape) != tuple(w.shape):
-        return f"output {j}: global shape {list(g.shape)}, single device {list(w.shape)}"
+        return (f"output {j}: global shape {list(g.shape)}, single device "
+                f"{list(w.shape)}")
     if g.dtype != w.dtype:
         return f"output {j}: dtype {g.dtype}, single device {w.dtype}"
     return None
@@ -220,7 +240,8 @@ def _report(case: Case, expected: Any, got: Any, problem: str, replay: str) -> s
         f"  mesh: {case.layout}",
         "  inputs: " + "; ".join(
             f"{_short(t)} placed {_pstr(p)}"
-            for t, p in zip(tensor_leaves_of(case.sample), case.placements, strict=True)),
+            for t, p in zip(tensor_leaves_of(case.sample), case.placements,
+                            strict=True)),
         f"  non-tensor arguments: {_non_tensors(case.sample)}",
         f"  Partial pieces: {case.split} (random pieces reducing to each input)",
         f"  the rule claimed: {claimed}",
