@@ -92,11 +92,17 @@ def test_the_same_failure_on_several_ranks_is_shown_once():
     assert d.text.count("boom") == 1 and d.text.count("other") == 1, d.text
     assert "ranks 0, 2, same error (call)" in d.text and "rank 1 (call)" in d.text
     assert d.short == "failed on ranks 0, 1, 2 of 4 (rank 3: passed)"
+    # processes print their own object addresses in a long traceback's locals
+    a, b = (agree.error_verdict("call", f"E  db = <DB object at {x}>\nE  boom")
+            for x in ("0x7f35d5f10d90", "0x7fb4d8e31ed0"))
+    d = agree.decide([a, b], (0, 1))
+    assert "ranks 0–1, same error (call)" in d.text and d.text.count("boom") == 1, d.text
 
 
 SUITE = '''
 import os, time
 import pytest, torch, torch.distributed as dist
+from hypothesis import given, settings, strategies as st
 
 def test_same_on_every_rank():
     assert 1 == 2, "the same on every rank"
