@@ -120,6 +120,8 @@ def _worker(args) -> int:
         if rank == 0:
             progress.write_text(json.dumps({"index": index, "name": _name(op)}))
         record = {"index": index, "op": _name(op)}
+        if args.audit:
+            torch.manual_seed(index)  # the same sample values on every rank
         try:
             samples = _samples(op, args.max_samples, torch)
         except Exception as e:
@@ -136,6 +138,9 @@ def _worker(args) -> int:
                 want = _call(op, sample, lambda t: t.clone())
             except Exception:
                 continue
+            if args.audit:
+                cases.append((sample, want, _audit_layouts(leaves, args.max_layouts)))
+                continue
             if args.mixed:
                 if len(leaves) < 2:
                     continue  # one operand: the plain sweep covers its layouts
@@ -147,6 +152,7 @@ def _worker(args) -> int:
             record.setdefault("skip", "no runnable float32 samples with tensor inputs")
         else:
             wire: dict = {}  # (sample, dim, impl) -> wire bytes of the op
+            ncoll: dict = {}  # (sample, dim, impl) -> collectives of the op
             passed: dict = {}  # (sample, dim, impl) -> right on every rank
             for impl in ("ours", "torch"):
                 if rank == 0:  # a crash is then charged to this side only
@@ -164,6 +170,8 @@ def _worker(args) -> int:
                         def dist_t(t, d=d, impl=impl, R=R, S=S, leaf=iter(range(1 << 30))):
                             if isinstance(d, tuple):  # --mixed: this leaf's own dim
                                 d = d[next(leaf)]
+                            if isinstance(d, str):  # a Partial kind (--audit)
+                                return _partial_input(t, d, rank, impl)
                             p = [R()] if d is None or t.ndim <= d else [S(d)]
                             return distribute[impl](t.detach().clone(), meshes[impl], p)
 
@@ -177,6 +185,7 @@ def _worker(args) -> int:
                                 got = full(op.op(inp, *a, **kw), impl)
                             v = "pass" if same(got, want) else "wrong"
                             wire[(si, d, impl)] = cb.wire
+                            ncoll[(si, d, impl)] = len(cb.records)
                             msg = "" if v == "pass" else "result differs"
                         except Exception as e:
                             v, msg = "error", f"{type(e).__name__}: {str(e)[:160]}"
@@ -196,6 +205,14 @@ def _worker(args) -> int:
                 record[impl + "_cases"] = len(verdicts)
                 if detail:
                     record[impl + "_detail"] = detail
+            if args.audit:
+                # Every case both ran: [sample, layout, ours collectives, ours
+                # wire B, torch collectives, torch wire B, ours right, torch right].
+                record["audit"] = [
+                    [si, _layout_name(d), ncoll[(si, d, "ours")], wire[(si, d, "ours")],
+                     ncoll[(si, d, "torch")], wire[(si, d, "torch")],
+                     bool(passed.get((si, d, "ours"))), bool(passed.get((si, d, "torch")))]
+                    for (si, d, i) in wire if i == "ours" and (si, d, "torch") in wire]
             if args.bytes:
                 # Over the layouts both got right (the verdicts agreed on every rank).
                 both = [(si, d) for (si, d, i) in wire if i == "ours" and (si, d, "torch") in wire
@@ -244,7 +261,49 @@ def _samples(op, limit: int, torch):
 def _layout_name(d) -> str:
     if isinstance(d, tuple):
         return "(" + ", ".join(_layout_name(x) for x in d) + ")"
+    if isinstance(d, str):
+        return f"P({d})"
     return "R" if d is None else f"S({d})"
+
+
+PARTIAL_KINDS = ("sum", "avg", "max", "min")
+
+
+def _audit_layouts(leaves, limit: int) -> list:
+    """The layouts ``--audit`` runs: all inputs alike (R, S(d) for each dim), each
+    input its own layout (as ``--mixed``), and every input a piece of
+    ``Partial(kind)`` for each reduce kind; with two or more inputs also the
+    first one partial and the others replicated."""
+    dims = max(t.ndim for t in leaves)
+    out: list = [None, *range(dims)]
+    if len(leaves) > 1:
+        out += _mixed_layouts(leaves, limit)
+        out += [(k, *[None] * (len(leaves) - 1)) for k in PARTIAL_KINDS]
+    return out + list(PARTIAL_KINDS)
+
+
+def _partial_input(t, kind: str, rank: int, impl: str):
+    """``t`` as 2 ranks' pieces of ``Partial(kind)`` (inexact pieces only where
+    the kind needs them: sum and avg split ``t`` around a fixed offset)."""
+    import torch
+    from torch.distributed import tensor as theirs
+
+    import dtensor as ours
+
+    lib = ours if impl == "ours" else theirs
+    mesh = lib.DeviceMesh("cpu", [0, 1])
+    t = t.detach().clone()
+    if t.is_floating_point() or t.is_complex():
+        off = torch.full_like(t, 0.5)
+    else:
+        off = torch.ones_like(t)
+    piece = {
+        "sum": (t - off, off),
+        "avg": (t - off, t + off),
+        "max": (t, t - off),
+        "min": (t, t + off),
+    }[kind][rank] if t.dtype != torch.bool else t
+    return lib.DTensor.from_local(piece, mesh, [lib.Partial(kind)], run_check=False)
 
 
 def _mixed_layouts(leaves, limit: int) -> list[tuple]:
@@ -334,6 +393,7 @@ def _parent(args) -> int:
             "--from-index", str(start), "--results", str(results),
             "--max-samples", str(args.max_samples),
         ] + (["--ops", args.ops] if args.ops else []) + (["--bytes"] if args.bytes else []) + (
+            ["--audit", "--max-layouts", str(args.max_layouts)] if args.audit else []) + (
             ["--mixed", "--max-layouts", str(args.max_layouts)] if args.mixed else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         log = open(args.results + ".log", "a")
@@ -374,6 +434,8 @@ def _parent(args) -> int:
         records = [fresh.get(r["op"], r) for r in old]
         main_results.write_text("".join(json.dumps(r) + "\n" for r in records))
         t0 = time.time() - args.minutes * 60
+    if args.audit:
+        return 0  # bench/comm_audit.py reads the results file
     if args.bytes:
         summary = _summarise_bytes(records, time.time() - t0, args)
         print(summary)
@@ -490,6 +552,9 @@ def main() -> int:
                     help="samples with several tensors: each its own R/S(d) placement "
                          "(every combination up to --max-layouts) -> docs/opinfo_mixed.md")
     ap.add_argument("--max-layouts", type=int, default=24)
+    ap.add_argument("--audit", action="store_true",
+                    help="communication audit (bench/comm_audit.py): alike, mixed and "
+                         "Partial layouts; per case collectives and wire bytes of both")
     ap.add_argument("--update", action="store_true",
                     help="with --ops: re-run those ops and merge into the full results")
     ap.add_argument("--minutes", type=float, default=0.0,
@@ -507,6 +572,8 @@ def main() -> int:
             args.markdown = str(ROOT / "docs" / "opinfo_mixed.md")
         if args.json == ap.get_default("json"):
             args.json = str(ROOT / "docs" / "opinfo_mixed.json")
+    if args.audit and (args.mixed or args.bytes):
+        ap.error("--audit runs its own layouts; drop --mixed/--bytes")
     if args.bytes and not args.worker and args.results == ap.get_default("results"):
         args.results = os.path.join(tempfile.gettempdir(), "dtensor_fallback_bytes.jsonl")
     return _worker(args) if args.worker else _parent(args)

@@ -32,6 +32,7 @@ __all__ = [
     "group_for",
     "is_initialized",
     "reduce_scatter",
+    "scatter",
     "world_tag",
 ]
 
@@ -274,6 +275,35 @@ def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
         out = out / n if out.is_floating_point() or out.is_complex() else out // n
     out = _restore(out, back)
     return out.narrow(0, 0, keep).movedim(0, dim).contiguous()
+
+
+def scatter(pieces: list[torch.Tensor] | None, like: torch.Tensor, src_group_rank: int,
+            group) -> torch.Tensor:
+    """Group rank ``i`` receives ``pieces[i]`` from group rank ``src_group_rank``
+    (only the source passes ``pieces``, all of ``like``'s shape and dtype; the
+    others pass None). Each rank receives one piece, where a broadcast of the
+    whole would send every piece to everyone. Example (2 ranks, source 0)::
+
+        >>> scatter([torch.zeros(2), torch.ones(2)] if rank == 0 else None,
+        ...         torch.empty(2), 0, group)
+        tensor([1., 1.])    # on rank 1
+    """
+    n = dist.get_world_size(group)
+    out = torch.empty_like(like, memory_format=torch.contiguous_format)
+    if out.numel() == 0:
+        return out
+    count("scatter", like, n)
+    buf, back = _wire(out)
+    wires = None
+    if pieces is not None:
+        wires = [_wire(p)[0] for p in pieces]
+    if buf.is_complex():
+        buf = torch.view_as_real(buf)
+        wires = None if wires is None else [torch.view_as_real(w) for w in wires]
+    dist.scatter(buf, wires, group_src=src_group_rank, group=group)
+    if like.is_complex():
+        buf = torch.view_as_complex(buf)
+    return _restore(buf, back)
 
 
 def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:

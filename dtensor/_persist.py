@@ -129,5 +129,5 @@ def create_chunk_list(dt) -> list:
 
 def get_tensor_shard(dt, index) -> torch.Tensor:
     """DCP: the local tensor that holds the box at ``index`` (written in place on load)."""
-    refuse_partial(dt, f"checkpoint of {index.fqn!r}")
+    refuse_partial(dt, f"checkpoint of {getattr(index, 'fqn', index)!r}")
     return dt._local_tensor

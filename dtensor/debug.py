@@ -18,6 +18,7 @@ our kind                   key (``funcol = torch.ops.c10d_functional``)
 ``"broadcast"``            ``funcol.broadcast``
 ``"reduce_scatter"``       ``funcol.reduce_scatter_tensor``
 ``"all_to_all"``           ``funcol.all_to_all_single``
+``"scatter"``              ``torch.ops.c10d.scatter_``
 =========================  ===============================================
 
 The returned dicts also accept our kind strings as keys (``counts["all_gather"]``)
@@ -43,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dtensor import _comm
+from dtensor import _comm, _rank_state
 from dtensor._module_tracker import ModuleTracker, in_backward
 from dtensor.mesh import unravel
 
@@ -69,6 +70,10 @@ class CommCounter:
         self._bytes[kind] += int(nbytes)
 
     def __enter__(self) -> CommCounter:
+        # A rank thread of an in-process world that has not touched a DTensor
+        # yet is made a rank now, so the listener is its rank's (not the
+        # process's, which would never hear that rank's collectives).
+        _rank_state.auto_enter()
         _comm.push_counter(self)
         return self
 
@@ -103,6 +108,8 @@ def _kind_keys() -> dict[str, Any]:
         "all_reduce": f.all_reduce,
         "broadcast": f.broadcast,
         "reduce_scatter": f.reduce_scatter_tensor,
+        # distribute_tensor's scatter: PyTorch's mode counts its c10d op so
+        "scatter": torch.ops.c10d.scatter_,
         "all_to_all": f.all_to_all_single,
     }
 
@@ -183,6 +190,7 @@ class CommDebugMode:
             table["Global"] = {"forward": _Counts(), "backward": _Counts()}
         self._tracker = ModuleTracker(on_forward=self._on_forward)
         self._tracker.__enter__()
+        _rank_state.auto_enter()  # see CommCounter.__enter__
         _comm.push_counter(self)
         return self
 

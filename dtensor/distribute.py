@@ -11,13 +11,13 @@ from collections.abc import Sequence
 import torch
 
 from dtensor import _comm, _compile
-from dtensor.errors import MeshError, ShardingError
+from dtensor.errors import MeshError, PlacementError
 from dtensor.mesh import DeviceMesh
 from dtensor.mesh import device_of as _device_of
-from dtensor.placement import Placement, replicated
+from dtensor.placement import Placement, Replicate, Shard, replicated
 from dtensor.redistribute import empty_local as _empty_local
 from dtensor.redistribute import redistribute_local
-from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride, shard_range
 from dtensor.tensor import DTensor, _check_tensor, _resolve_mesh
 
 __all__ = ["distribute_tensor"]
@@ -34,9 +34,13 @@ class _Distribute(torch.autograd.Function):
         if coord is None:
             return DTensor(_empty_local(spec, tensor.device), spec)
         local = tensor.detach()
-        if src_data_rank is not None and mesh.size() > 1:
-            local = _broadcast_from(local, mesh, src_data_rank)
         src = spec.with_placements(replicated(mesh))
+        if src_data_rank is not None and mesh.size() > 1:
+            if _compile.tracing() or any(
+                    p.is_shard() and type(p) is not Shard for p in spec.placements):
+                local = _broadcast_from(local, mesh, src_data_rank)
+            else:
+                local, src = _scatter_from(local, spec, src_data_rank)
         local = redistribute_local(local, src, spec)
         if local is tensor or local._base is tensor:
             local = local.clone()
@@ -86,6 +90,52 @@ def _broadcast_from(local: torch.Tensor, mesh: DeviceMesh, src_data_rank: int) -
     return local
 
 
+def _scatter_from(local: torch.Tensor, spec: DTensorSpec, src_data_rank: int):
+    """This rank's block of the source's copy, and the spec it is a block of.
+
+    As ``_broadcast_from``, axis by axis, but a ``Shard`` axis scatters: each
+    rank receives its own piece (``(n-1)/n`` of the block leaves the source,
+    where a broadcast sends all of it to every rank), as PyTorch's
+    ``distribute_tensor`` does. Partial axes are broadcast (the caller turns
+    them into pieces locally): the spec returned replicates them.
+    """
+    mesh = spec.mesh
+    coord = mesh.get_coordinate()
+    for axis, p in enumerate(spec.placements):
+        group = mesh.axis_group(axis)
+        n = mesh.shape[axis]
+        if group is None or not all(coord[a] == src_data_rank
+                                    for a in range(axis + 1, mesh.ndim)):
+            # A size-1 axis, or this rank's block arrives on a later axis:
+            # until then only its shape matters (later buffers must match).
+            if isinstance(p, Shard):
+                start, size = shard_range(local.shape[p.dim], n, coord[axis])
+                local = local.narrow(p.dim, start, size)
+            continue
+        if not isinstance(p, Shard):
+            local = _comm.broadcast(local, src_data_rank, group)
+            continue
+        length = local.shape[p.dim]
+        piece = -(-length // n)
+        like_shape = list(local.shape)
+        like_shape[p.dim] = piece
+        pieces = None
+        if coord[axis] == src_data_rank:
+            pieces = []
+            for i in range(n):
+                start, size = shard_range(length, n, i)
+                block = local.narrow(p.dim, start, size)
+                if size != piece:  # uneven: pad to the largest piece
+                    pad = list(block.shape)
+                    pad[p.dim] = piece - size
+                    block = torch.cat([block, block.new_zeros(pad)], dim=p.dim)
+                pieces.append(block.contiguous())
+        got = _comm.scatter(pieces, local.new_empty(like_shape), src_data_rank, group)
+        local = got.narrow(p.dim, 0, shard_range(length, n, coord[axis])[1])
+    kept = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    return local, spec.with_placements(kept)
+
+
 def distribute_tensor(
     tensor: torch.Tensor,
     device_mesh: DeviceMesh | None = None,
@@ -107,14 +157,18 @@ def distribute_tensor(
         torch.Size([4, 2])   # on 2 ranks
     """
     _check_tensor(tensor, "distribute_tensor")
-    if isinstance(tensor, DTensor):
-        raise ShardingError(
-            "distribute_tensor: got a DTensor; use .redistribute(mesh, placements) "
-            "to change its layout"
-        )
     mesh = _resolve_mesh(device_mesh, "distribute_tensor")
     if placements is None:
         placements = replicated(mesh)
+    if isinstance(tensor, DTensor):
+        # As in PyTorch: already laid out so, it is returned; else a ValueError.
+        if tensor.device_mesh == mesh and tensor.placements == tuple(placements):
+            return tensor
+        raise PlacementError(
+            f"distribute_tensor: got a DTensor {tensor._spec} on {tensor.device_mesh!r}; "
+            f"expected a plain tensor to lay out as {tuple(placements)} on {mesh!r}. Use "
+            "x.redistribute(mesh, placements) to change its layout"
+        )
     _check_src_data_rank(mesh, src_data_rank)
     meta = TensorMeta(tensor.shape, contiguous_stride(tensor.shape), tensor.dtype)
     spec = DTensorSpec(mesh, tuple(placements), meta)

@@ -188,6 +188,12 @@ class DTensor(torch.Tensor):
             torch.Size([4, 3])      # on 2 ranks
         """
         _check_tensor(local_tensor, "from_local")
+        if isinstance(local_tensor, DTensor):
+            raise PlacementError(
+                f"from_local: expected this rank's block as a plain torch.Tensor, got a "
+                f"DTensor {local_tensor._spec}; pass x.to_local(), or use "
+                "x.redistribute(mesh, placements) to change its layout"
+            )
         mesh = _resolve_mesh(device_mesh, "from_local")
         if placements is None:
             placements = replicated(mesh)

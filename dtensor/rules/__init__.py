@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 
 from dtensor.rules import (
+    batched,
+    extremes,
     foreach,
+    join,
     matmul,
     nn,
     norms,
@@ -25,7 +28,9 @@ from dtensor.sharding import registered_rule
 __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
-for _family in (pointwise, tensor_ops, reduction, matmul, view, nn, norms, foreach):
+_FAMILIES = (pointwise, tensor_ops, reduction, extremes, matmul, view, join, nn, norms,
+             foreach, batched)
+for _family in _FAMILIES:
     RULES.update(_family.RULES)
 
 

@@ -5,8 +5,9 @@ elementwise ops on identically placed operands never communicate. Partial
 operands survive only through linear ops (``neg``, ``add``/``sub`` of partial
 sums and replicated values, ``mul``/``div`` of one partial operand by
 replicated values, a second partial factor reduced) and through
-``maximum``/``minimum`` of ``Partial("max")``/``Partial("min")`` pieces; any
-other op sees them reduced first.
+``maximum``/``minimum`` of ``Partial("max")``/``Partial("min")`` pieces and
+monotone non-decreasing unary ops (``clamp``, ``relu``, ``exp``...) of them;
+any other op sees them reduced first.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ _SCALING = {
 
 # Max/min of pieces and replicated values: max_i max(a_i, b) = max(max_i a_i, b).
 _EXTREMUM = {aten.maximum.default: "max", aten.minimum.default: "min"}
+# Monotone non-decreasing in their one tensor operand: f(max_i a_i) = max_i f(a_i)
+# (and min), so Partial("max")/Partial("min") pieces pass through.
+_MONOTONE = {
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+    aten.relu.default, aten.exp.default, aten.sigmoid.default, aten.tanh.default,
+    aten.floor.default, aten.ceil.default, aten.trunc.default,
+}
 
 
 def _partial_inputs(func, specs, axis: int) -> tuple[Placement, tuple[Placement, ...]] | None:
@@ -61,6 +69,10 @@ def _partial_inputs(func, specs, axis: int) -> tuple[Placement, tuple[Placement,
     if any(isinstance(p, Shard) for p in kinds):
         return None
     partial = [p for p in kinds if isinstance(p, Partial)]
+    if func in _MONOTONE:
+        if len(kinds) == 1 and kinds[0] in (Partial("max"), Partial("min")):
+            return kinds[0], (kinds[0],)
+        return None
     if func in _EXTREMUM:
         keep = Partial(_EXTREMUM[func])
         if keep not in partial:

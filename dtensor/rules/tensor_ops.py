@@ -121,6 +121,8 @@ RULES: dict = {
     aten.new_empty_strided.default: new_empty_rule,
     aten.equal.default: equal_rule,
     aten.zero_.default: _partial_keeps_zero,
+    # fill(x, v): only x's layout matters, not its values (partial ones unread)
+    aten.fill.Scalar: like_rule,
 }
 
 

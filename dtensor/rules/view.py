@@ -1,6 +1,6 @@
 """Views and shape ops: view/reshape, transpose/permute/t, (un)squeeze,
-expand, slice, select, split/unbind, cat/stack, index_select, gather, flip,
-roll.
+expand, slice, select, split/unbind, flip, roll (cat, stack, index_select
+and gather: ``dtensor.rules.join``).
 
 Shards follow the dims they live on. A view that merges or splits dims keeps
 a shard only on the leading (major) dim of the group and only when the
@@ -8,15 +8,14 @@ pieces are even, so every local block is exactly the block of the output
 layout; otherwise that dim is gathered first. Ops whose size arguments name
 global sizes (view, expand) are run with this rank's block sizes. Views only
 move, pick or repeat elements, so partial values of every reduce op pass
-through them (cat, index_select and gather keep only sum/avg partials).
+through them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dtensor._norm_wire import refuse_negative
-from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
+from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, num_shards
 from dtensor.sharding import Sharding
 from dtensor.spec import local_block
@@ -265,162 +264,6 @@ def split_rule(call):
     return Sharding((want,), (out,))
 
 
-# cat / stack -------------------------------------------------------------------------
-def _join(specs, dim: int, shift: bool):
-    """Shared placements for concatenated operands; their output placements."""
-    want, out = [], []
-    for axis in range(specs[0].mesh.ndim):
-        kinds = [s.placements[axis] for s in specs]
-        choice = Replicate()
-        partials = {k for k in kinds if isinstance(k, Partial)}
-        if all(k == kinds[0] for k in kinds) and is_linear_partial(kinds[0]):
-            choice = kinds[0]
-        elif (len(partials) == 1 and next(iter(partials)).norm_order is not None
-              and all(isinstance(k, (Partial, Replicate)) for k in kinds)):
-            # Norm pieces (clip_grad_norm_'s stack of per-tensor norms): a
-            # replicated norm joins them without communication (it stays on
-            # coordinate 0, zeros elsewhere), where reducing the pieces
-            # would send one all-reduce per norm.
-            choice = next(iter(partials))
-        else:
-            for s, k in zip(specs, kinds):
-                # A dim sharded on earlier axes is sharded again (nested) only
-                # from an operand that nests it so itself: it moves nothing.
-                if isinstance(k, Shard) and (shift or k.dim != dim) and all(
-                    s.placements[e] == k for e, q in enumerate(want) if q == k
-                ):
-                    choice = k
-                    break
-        want.append(choice)
-        if isinstance(choice, Shard) and shift and choice.dim >= dim:
-            out.append(Shard(choice.dim + 1))
-        else:
-            out.append(choice)
-    return tuple(want), tuple(out)
-
-
-def _joined(specs, want, out, shape=None) -> Sharding:
-    """The Sharding of a cat/stack whose operands take ``want``.
-
-    Replicated operands joining norm pieces stay as they are and become
-    pieces inside the op (zeros off coordinate 0 of a finite p-norm axis):
-    the same values ``Replicate -> Partial("norm<p>")`` gives, without a
-    redistribute per operand (``clip_grad_norm_`` stacks one per replicated
-    gradient every step), so the plan keeps a fast form.
-    """
-    axes = [a for a, p in enumerate(want) if isinstance(p, Partial) and p.norm_order is not None]
-    keep = [i for i, s in enumerate(specs)
-            if axes and any(s.placements[a] == Replicate() for a in axes)]
-    shapes = None if shape is None else (shape,)
-    if not keep:
-        return Sharding((want,) * len(specs), (out,), shapes=shapes)
-    inputs = []
-    for i, s in enumerate(specs):
-        if i in keep:
-            inputs.append(tuple(s.placements[a] if a in axes and s.placements[a] == Replicate()
-                                else p for a, p in enumerate(want)))
-        else:
-            inputs.append(want)
-    zero = tuple((i, tuple(a for a in axes if specs[i].placements[a] == Replicate()
-                           and not want[a].is_idempotent)) for i in keep)
-    return Sharding(tuple(inputs), (out,), local=_norm_join_local(zero, want), shapes=shapes)
-
-
-def _norm_join_local(zero, want):
-    pieces = next(p for p in want if isinstance(p, Partial) and p.norm_order is not None)
-
-    def local(func, coord, out_specs, args, kwargs):
-        tensors = list(args[0])
-        for i, axes in zero:
-            t = tensors[i]
-            # NOTE: the message is built only on failure (formatting the op
-            # cost more than the check, three times per clip_grad_norm_).
-            refuse_negative(t, _JoinOperand(func, i), pieces)
-            for a in axes:
-                if coord[a] != 0:
-                    tensors[i] = torch.zeros_like(t)
-                    break
-        return func(tensors, *args[1:], **kwargs)
-
-    return local
-
-
-class _JoinOperand:
-    """Names a replicated operand of a cat/stack in an error, when formatted."""
-
-    __slots__ = ("func", "i")
-
-    def __init__(self, func, i: int) -> None:
-        self.func, self.i = func, i
-
-    def __str__(self) -> str:
-        return f"{self.func}: operand {self.i} (Replicate()) joining norm pieces"
-
-
-def cat_rule(call):
-    specs = call.specs
-    if not specs or any(s.ndim != specs[0].ndim for s in specs) or specs[0].ndim == 0:
-        return None
-    dim = norm_dim(bind(call)["dim"], specs[0].ndim)
-    want, out = _join(specs, dim, shift=False)
-    return _joined(specs, want, out)
-
-
-def stack_rule(call):
-    specs = call.specs
-    if not specs or any(s.shape != specs[0].shape for s in specs):
-        return None
-    dim = norm_dim(bind(call)["dim"], specs[0].ndim + 1)
-    want, out = _join(specs, dim, shift=True)
-    shape = list(specs[0].shape)
-    shape.insert(dim, len(specs))
-    return _joined(specs, want, out, tuple(shape))
-
-
-# index_select / gather -------------------------------------------------------------
-def index_select_rule(call):
-    x, index = call.specs
-    dim = norm_dim(bind(call)["dim"], x.ndim)
-    wx, wi, out = [], [], []
-    for px, pi in zip(x.placements, index.placements, strict=True):
-        if isinstance(px, Shard) and px.dim != dim:
-            wx.append(px), wi.append(Replicate()), out.append(px)
-        elif is_linear_partial(px):
-            wx.append(px), wi.append(Replicate()), out.append(px)
-        elif isinstance(pi, Shard) and x.ndim > 0:
-            wx.append(Replicate()), wi.append(pi), out.append(Shard(dim))
-        else:
-            wx.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
-    return Sharding((tuple(wx), tuple(wi)), (tuple(out),))
-
-
-def gather_rule(call):
-    """``gather(x, dim, index)``: ``out[..i..] = x[..index[..i..]..]`` along
-    ``dim`` and at the *same* position along every other dim, so a shard of
-    another dim must cut x and the index alike (their sizes there must match);
-    the index may be sharded along ``dim`` itself against a replicated x."""
-    x, index = call.specs
-    if x.ndim != index.ndim or x.ndim == 0:
-        return None
-    dim = norm_dim(bind(call)["dim"], x.ndim)
-    wx, wi, out = [], [], []
-    for px, pi in zip(x.placements, index.placements, strict=True):
-        if isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]:
-            wx.append(px), wi.append(px), out.append(px)
-        elif is_linear_partial(px) and not isinstance(pi, Shard):
-            wx.append(px), wi.append(Replicate()), out.append(px)
-        elif isinstance(pi, Shard) and pi.dim == dim:
-            wx.append(Replicate()), wi.append(pi), out.append(pi)
-        elif isinstance(pi, Shard) and index.shape[pi.dim] == x.shape[pi.dim]:
-            wx.append(pi), wi.append(pi), out.append(pi)  # x cut like the index
-        else:
-            wx.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
-    # Every shard of a dim other than ``dim`` cuts both operands alike, and
-    # shards of ``dim`` come from the index alone: nested shards of one dim
-    # (several axes) line up in mesh-axis order.
-    return Sharding((tuple(wx), tuple(wi)), (tuple(out),))
-
-
 # flip / roll -------------------------------------------------------------------------
 def _whole_dims_rule(dims_arg: str):
     def rule(call):
@@ -451,10 +294,6 @@ RULES: dict = {
     aten.split.Tensor: split_rule,
     aten.split_with_sizes.default: split_rule,
     aten.unbind.int: drop_dim_rule,
-    aten.cat.default: cat_rule,
-    aten.stack.default: stack_rule,
-    aten.index_select.default: index_select_rule,
-    aten.gather.default: gather_rule,
     aten.flip.default: _whole_dims_rule("dims"),
     aten.roll.default: _whole_dims_rule("dims"),
 }

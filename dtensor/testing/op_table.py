@@ -282,6 +282,34 @@ TABLE: tuple[OpCase, ...] = (
          lambda a: F.cross_entropy(a, _T(_TARGET), reduction="sum"), _A),
     _row("nll_none", "nn", lambda a: F.nll_loss(a, _T(_TARGET), reduction="none"), _A),
     _row("mse_loss", "nn", F.mse_loss, _AB),
+    # dtensor/rules/batched.py: slices along some dims are independent
+    _row("kthvalue", "reduction", lambda a: tuple(a.kthvalue(2, 1)), _A),
+    _row("mode", "reduction", lambda a: tuple(a.mode(1)), _A),
+    _row("median_dim", "reduction", lambda a: tuple(a.median(1)), _A),
+    _row("nanmedian_dim", "reduction", lambda a: tuple(a.nanmedian(0, keepdim=True)), _A),
+    _row("histc_range", "reduction", lambda a: torch.histc(a, 5, -1.0, 1.0), _A),
+    _row("as_strided_self", "view",
+         lambda a: a.as_strided(a.size(), a.stride(), a.storage_offset()), _A),
+    _row("prims_view_of", "view", lambda a: torch.ops.prims.view_of(a), _A),
+    _row("max_pool2d", "nn", lambda a: tuple(F.max_pool2d(a, 2, return_indices=True)),
+         ((3, 2, 4, 5),)),
+    _row("max_pool2d_backward", "nn", lambda g, x: torch.ops.aten.max_pool2d_with_indices_backward(
+        g, x, [2, 2], [2, 2], [0, 0], [1, 1], False,
+        torch.ops.aten.max_pool2d_with_indices(x, [2, 2])[1]), ((3, 2, 2, 2), (3, 2, 4, 5))),
+    _row("avg_pool2d", "nn", lambda a: F.avg_pool2d(a, 2), ((3, 2, 4, 5),)),
+    _row("avg_pool2d_backward", "nn", lambda g, x: torch.ops.aten.avg_pool2d_backward(
+        g, x, [2, 2], [2, 2], [0, 0], False, True, None), ((3, 2, 2, 2), (3, 2, 4, 5))),
+    _row("adaptive_avg_pool2d", "nn", lambda a: F.adaptive_avg_pool2d(a, 3), ((3, 2, 4, 5),)),
+    _row("adaptive_avg_pool2d_backward", "nn",
+         lambda g, x: torch.ops.aten._adaptive_avg_pool2d_backward(g, x),
+         ((3, 2, 3, 3), (3, 2, 4, 5))),
+    _row("adaptive_max_pool2d", "nn",
+         lambda a: tuple(F.adaptive_max_pool2d(a, 3, return_indices=True)), ((3, 2, 4, 5),)),
+    _row("max_pool3d", "nn", lambda a: tuple(F.max_pool3d(a, 2, return_indices=True)),
+         ((3, 2, 2, 4, 4),)),
+    _row("avg_pool3d", "nn", lambda a: F.avg_pool3d(a, 2), ((3, 2, 2, 4, 4),)),
+    _row("group_norm", "nn", lambda a: F.group_norm(a, 2), ((3, 4, 5),)),
+    _row("fill", "creation", lambda a: torch.fill(a, 2.0), _A),
 )
 
 #: The property suite's rows (those with a shape strategy).

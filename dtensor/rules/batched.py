@@ -1,0 +1,143 @@
+"""Ops that treat the slices along some dims independently, so shards of
+the other dims stay where they are and nothing is sent:
+
+- selections along one ``dim`` (``kthvalue``, ``mode``, ``median``/
+  ``nanmedian`` with ``dim``): shards of every other dim are kept (as
+  PyTorch does); a shard of ``dim`` itself is gathered first;
+- pooling (max/avg, adaptive, 2-D and 3-D windows, 2-D backward): the
+  leading (batch, channel) dims keep their shards, spatial dims are whole;
+- ``native_group_norm`` over batch shards: statistics are per sample;
+- ``histc`` with a fixed range: each rank counts its own elements, the
+  counts are ``Partial(sum)``;
+- identities: ``as_strided`` with the tensor's own size, stride and offset,
+  and ``prims.view_of``, keep the layout (PyTorch: no communication).
+
+Partial operands are reduced first (none of these is linear in them).
+Example: ``kthvalue(x, 2, dim=1)`` of a ``Shard(0)`` tensor returns
+``Shard(0)`` values and indices, with no collective.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
+from dtensor.rules._util import bind, norm_dim, reduced_shard
+from dtensor.sharding import Sharding
+
+__all__ = ["RULES"]
+
+aten = torch.ops.aten
+
+
+def select_along_dim_rule(call):
+    """``kthvalue``/``mode``/``median.dim``: values and indices along ``dim``."""
+    (spec,) = call.specs[:1]
+    if spec.ndim == 0:
+        return None
+    a = bind(call)
+    dim = norm_dim(a["dim"], spec.ndim)
+    keepdim = bool(a.get("keepdim"))
+    want = tuple(p if isinstance(p, Shard) and p.dim != dim else Replicate()
+                 for p in spec.placements)
+    out = tuple(reduced_shard(p, (dim,), keepdim) if isinstance(p, Shard) else p for p in want)
+    shape = tuple(1 if d == dim else n for d, n in enumerate(spec.shape)
+                  if keepdim or d != dim)
+    return Sharding((want,), (out, out), shapes=(shape, shape))
+
+
+def pooling_rule(spatial: int, linear: bool = False):
+    """Pooling with ``spatial`` trailing window dims: every operand (input,
+    gradient, indices) keeps the first operand's shards of the leading dims."""
+
+    def rule(call):
+        first = call.specs[0]
+        lead = first.ndim - spatial
+        if lead < 0 or any(s.ndim != first.ndim for s in call.specs):
+            return None
+        # Averaging windows are linear: one operand's pieces of a sum pass.
+        keep_linear = linear and len(call.specs) == 1
+        place = tuple(p if (isinstance(p, Shard) and p.dim < lead)
+                      or (keep_linear and is_linear_partial(p)) else Replicate()
+                      for p in first.placements)
+        n = len(call.func._schema.returns)
+        return Sharding((place,) * len(call.specs), (place,) * n)
+
+    return rule
+
+
+def group_norm_rule(call):
+    """``native_group_norm(x, w, b, N, C, HxW, group, eps)`` over batch shards."""
+    x = call.specs[0]
+    place = tuple(Shard(0) if p == Shard(0) else Replicate() for p in x.placements)
+    if not any(isinstance(p, Shard) for p in place):
+        return None  # nothing to keep: the plain replicated path is the same
+    rest = (tuple(Replicate() for _ in place),) * (len(call.specs) - 1)
+    return Sharding((place, *rest), (place,) * 3, local=_local_batch(3))
+
+
+def _local_batch(n_at: int):
+    """Run the op with its batch-size argument (position ``n_at``) set to the
+    local block's batch size."""
+
+    def local(func, coord, out_specs, args, kwargs):
+        args = list(args)
+        args[n_at] = args[0].shape[0]
+        return func(*args, **kwargs)
+
+    return local
+
+
+def histc_rule(call):
+    """``histc(x, bins, min, max)`` with ``min < max``: per-rank counts add up."""
+    (spec,) = call.specs
+    a = bind(call)
+    if not float(a.get("min") or 0) < float(a.get("max") or 0):
+        return None  # the range comes from the data: global min and max needed
+    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    out = tuple(Partial() if isinstance(p, Shard) else Replicate() for p in want)
+    return Sharding((want,), (out,), shapes=((int(a["bins"]),),))
+
+
+def as_strided_rule(call):
+    """``as_strided`` with the tensor's own geometry is the tensor (an alias)."""
+    (spec,) = call.specs
+    a = bind(call)
+    offset = a.get("storage_offset")
+    if (tuple(a["size"]) != tuple(spec.shape) or tuple(a["stride"]) != tuple(spec.stride)
+            or offset not in (None, 0)):
+        return None
+    return Sharding((spec.placements,), (spec.placements,), shapes=(spec.shape,),
+                    local=_alias)
+
+
+def _alias(func, coord, out_specs, args, kwargs):
+    x = args[0]
+    return x.as_strided(x.size(), x.stride(), x.storage_offset())
+
+
+def identity_rule(call):
+    (spec,) = call.specs
+    return Sharding((spec.placements,), (spec.placements,), shapes=(spec.shape,))
+
+
+_POOLS = {
+    2: ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
+        "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
+        "adaptive_max_pool2d"),
+    3: ("max_pool3d_with_indices", "avg_pool3d"),
+}
+
+RULES: dict = {
+    aten.kthvalue.default: select_along_dim_rule,
+    aten.mode.default: select_along_dim_rule,
+    aten.median.dim: select_along_dim_rule,
+    aten.nanmedian.dim: select_along_dim_rule,
+    aten.native_group_norm.default: group_norm_rule,
+    aten.histc.default: histc_rule,
+    aten.as_strided.default: as_strided_rule,
+    torch.ops.prims.view_of.default: identity_rule,
+}
+for _spatial, _names in _POOLS.items():
+    for _name in _names:
+        RULES[getattr(aten, _name).default] = pooling_rule(_spatial, "avg" in _name)
