@@ -48,6 +48,26 @@ Mutants (docs/properties.md has the oracle that catches each):
     random_strided_runs_start_at_column_zero  every run of a strided block
         starts at column 0 of the run dim
     random_empty_block_comes_back_flat  an empty block is returned as shape (0,)
+
+One per input kind of the recently added code (the property that catches it):
+    random_mid_row_run_drops_row_offset  a block that is one run starting
+        mid-row keeps only its column offset
+        (test_random.py::test_random_runs_that_start_mid_row)
+    norm_order_zero_share_powered  the order-0 share (a count) is raised to
+        the 0th power (test_norms.py: vector_norm, foreach_norm/clip_grad_norm_)
+    foreach_add_keeps_partial  ``_foreach_add_`` of a scalar keeps Partial(sum)
+        members partial (test_foreach.py)
+    run_check_broadcasts_first_replicate_axis_only  ``run_check`` makes
+        replicas agree on the first Replicate axis only
+        (test_run_check.py: accepts every layout, replicas agree on every axis)
+    mixed_partials_reduce_in_any_order  every pair of reduce ops "commutes"
+        (test_redistribute.py: mixed partial pieces reduce in axis order)
+    plain_operand_key_drops_dtype  the call key holds a plain operand's shape,
+        not its dtype (test_caches.py: plain operands of another dtype)
+    permute_maps_shards_forward  permute moves shard dim d to dims[d], right
+        for self-inverse permutations only (test_permute.py)
+    mesh_boolean_reduces_first_axis_only  ``equal`` and friends agree over
+        mesh axis 0 only (test_mesh_booleans.py)
 """
 
 from __future__ import annotations
