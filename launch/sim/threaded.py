@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from launch.sim import collectives
 from launch.sim.turn import _waiting, turn
 
 __all__ = ["entered", "unpark_collectives"]
@@ -80,6 +81,7 @@ def unpark_collectives(group_cls: Any) -> None:
     """Wake every rank parked in a collective (after ``exception_handle``)."""
     for coll in list(group_cls._cur_coll_on_pgs.values()):
         turn.unpark(coll.__dict__.get("_sim_parked", ()))
+    collectives.unpark_meetings()  # and every rank waiting for a group to be made
 
 
 def _hook_waits(mtpg: Any) -> tuple:
@@ -117,7 +119,7 @@ def _enter() -> None:
         # on: the ranks call backward() from their own threads.
         dist.distributed_c10d._world = mtpg.ThreadLocalWorld()
         global _saved_waits
-        _saved_waits = _hook_waits(mtpg)
+        _saved_waits = (*_hook_waits(mtpg), collectives.install(mtpg))
         if mtpg.ReduceScatter is not _ReduceScatter:
             _ReduceScatter.ops = mtpg._reduce_ops
             mtpg.ReduceScatter = _ReduceScatter
@@ -138,13 +140,15 @@ def _exit() -> None:
         if _saved_waits is not None:
             from torch.testing._internal.distributed import multi_threaded_pg as mtpg
 
-            mtpg.Collective.join, mtpg._store_based_barrier = _saved_waits
+            mtpg.Collective.join, mtpg._store_based_barrier, made = _saved_waits
+            collectives.uninstall(mtpg, made)
             _saved_waits = None
 
 
 class _ReduceScatter:
     """The threaded group's reduce-scatter for every reduce op it all-reduces
-    with (its own takes SUM and AVG only; Gloo also takes MIN, MAX, PRODUCT)."""
+    with (its own takes SUM and AVG only; Gloo also takes MIN, MAX, PRODUCT,
+    which a redistribute of ``Partial(max)`` to ``Shard`` uses)."""
 
     ops: dict = {}
 

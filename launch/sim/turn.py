@@ -69,11 +69,16 @@ class _Turn:
     rank at the end of a collective to find the turn taken: ~23 thread
     switches and ~450 us of CPU per 4-rank all-reduce, against ~4.)
 
-    A thread that waits ``_TURN_WAIT_S`` in line while no thread gets the
-    turn runs without it: a wait this module does not know of (a store read
-    inside torch) costs that long at worst, never a hang. ``missed`` counts
-    them. (A fixed limit instead let a 64-rank world's ranks, queued behind
-    each other, run without the turn ~2,000 times a suite.)
+    A thread first in line that waits ``_TURN_WAIT_S`` while no thread gets
+    the turn runs without it: a wait this module does not know of (a store
+    read inside torch) costs that long at worst, never a hang. ``missed``
+    counts them. (A fixed limit instead let a 64-rank world's ranks, queued
+    behind each other, run without the turn ~2,000 times a suite.) Threads
+    further back check only every ``_LINE_POLL_S``: when every thread in line
+    checked every 50 ms, a 1,024-rank world's line woke 20,000 times a
+    second, starved the holder of the GIL, and so every thread in line saw
+    no hand-off and ran without the turn at once (a 1,024-rank S(0)->R took
+    45 s instead of 1 s).
     """
 
     def __init__(self) -> None:
@@ -154,7 +159,11 @@ class _Turn:
     def _await(self, w: _Waiter, released: Callable[[], bool] | None) -> None:
         while True:
             seen = self.handoffs
-            w.event.wait(_PARKED_POLL_S if w.parked else _TURN_WAIT_S)
+            if w.parked:
+                w.event.wait(_PARKED_POLL_S)
+            else:  # NOTE: read without the lock; a stale answer costs one poll
+                line = self._line
+                w.event.wait(_TURN_WAIT_S if line and line[0] is w else _LINE_POLL_S)
             with self._lock:
                 if w.granted:
                     w.granted = False
@@ -172,5 +181,6 @@ class _Turn:
 
 
 _TURN_WAIT_S = 0.05
+_LINE_POLL_S = 2.0  # behind the first in line: a safety net only
 _PARKED_POLL_S = 1.0  # a parked thread is woken by unpark; this is a safety net
 turn = _Turn()

@@ -31,14 +31,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from launch.sim import collectives
 from launch.sim.threaded import unpark_collectives
 from launch.sim.turn import _Waiter, turn
 
-__all__ = ["Outcome", "SimAbort", "SimWorld", "world"]
+__all__ = ["Outcome", "SimAbort", "SimDivergence", "SimRankFailure", "SimWorld",
+           "world"]
 
 
 class SimAbort(Exception):
     """A rank was released from a collective because another rank failed or hung."""
+
+
+class SimDivergence(BaseException):
+    """Ranks did different things with one example (a BaseException: never shrunk)."""
+
+
+class SimRankFailure(AssertionError):
+    """An example failed on some rank of a simulated world."""
 
 
 @dataclass
@@ -108,6 +118,7 @@ class SimWorld:
         init_error: BaseException | None = None
         try:
             dist.init_process_group("threaded", rank=rank, world_size=self.n, store=store)
+            collectives.share_world_ranks(self.n)
         except BaseException as e:  # reported with the first task
             init_error = e
         if init_error is None and self.rank_init is not None:

@@ -1,0 +1,155 @@
+"""The threaded process group's parts whose cost grew with the square of the
+rank count, replaced for simulated worlds of hundreds to thousands of ranks.
+
+- Making a group: torch's threaded backend meets in the store (every rank
+  adds to one key and waits on another), and every store write wakes every
+  thread waiting on any key of the store. A 1,024-rank world making a 3-D
+  mesh's 320 groups spent seconds in those wake-ups. Here the members meet
+  on the turn (``launch.sim.turn``): each parks, the last one in unparks the
+  others, one wake-up each.
+- ``all_gather_single`` and ``reduce_scatter_single`` (the tensor forms a
+  runtime uses): torch's split every rank's buffer into n pieces and copied
+  piece by piece, n^2 tensor operations per collective (a million at 1,024
+  ranks). Here: one concatenation or one reduction, then one copy per rank.
+
+``install(mtpg)`` puts them in place and returns what ``uninstall`` needs to
+put torch's back.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+from launch.sim.turn import _waiting, turn
+
+__all__ = ["install", "share_world_ranks", "uninstall", "unpark_meetings"]
+
+_group_cls: list = []  # the threaded group's class, bound by install()
+_meets_lock = threading.Lock()
+_meets: dict[tuple, list] = {}  # a group being made -> the ranks that reached it
+
+
+def _make_group(opts: Any, _backend_options: Any = None) -> Any:
+    """The threaded backend's group maker (c10d's extended plugin form, which
+    hands in the group's name): torch's group, met on the turn."""
+    group = _group_cls[0](opts.group_rank, opts.group_size)
+    _meet((str(opts.group_id), opts.group_size), opts.group_size)
+    return group
+
+
+def _meet(key: tuple, size: int) -> None:
+    """Wait until ``size`` rank threads reached ``key``; the last wakes the rest."""
+    _waiting()
+    me = turn.me()
+    with _meets_lock:
+        here = _meets.setdefault(key, [])
+        here.append(me)
+        last = len(here) == size
+        if last:
+            del _meets[key]
+        else:
+            turn.park()
+    if last:
+        turn.unpark(here[:-1])
+        return
+    turn.wait_parked(me, _group_cls[0]._terminate.is_set)
+    if len(here) < size:  # released: another rank failed or the world timed out
+        sys.exit("Test termination event occurs.")
+
+
+@functools.lru_cache(maxsize=8)
+def _identity(n: int) -> dict[int, int]:
+    return {r: r for r in range(n)}
+
+
+def share_world_ranks(n: int) -> None:
+    """Give this rank's world group the rank map every rank shares.
+
+    c10d keeps, per rank, a dict from global to group rank for each group; for
+    the world group of a 1,024-rank world that was 1,024 dicts of 1,024
+    entries (~60 MB). c10d only reads it, so one serves every rank.
+    """
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    maps = c10d._world.pg_group_ranks
+    world = c10d._get_default_group()
+    if maps.get(world) == _identity(n):
+        maps[world] = _identity(n)
+
+
+def unpark_meetings() -> None:
+    """Release every rank waiting for a group to be made (a failed world)."""
+    with _meets_lock:
+        waiting = [w for here in _meets.values() for w in here]
+        _meets.clear()
+    turn.unpark(waiting)
+
+
+class _GatherSingle:
+    """All-gather into one tensor per rank: the inputs concatenated once."""
+
+    def work(self, data: list) -> None:
+        import torch
+
+        with torch.no_grad():
+            full = torch.cat([inp.reshape(-1) for _, inp in data])
+            for out, _ in data:
+                out.detach().view(-1).copy_(full)
+
+
+class _ScatterSingle:
+    """Reduce-scatter of one tensor per rank: one reduction, one copy per rank."""
+
+    def __init__(self, op: Any, ops: dict) -> None:
+        op = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType
+        if op not in ops:
+            raise NotImplementedError(f"simulated reduce_scatter does not support {op}")
+        self.reduce = ops[op]
+
+    def work(self, data: list) -> None:
+        import torch
+
+        with torch.no_grad():
+            full = self.reduce([inp for _, inp in data])
+            for (out, _), piece in zip(data, full.chunk(len(data)), strict=True):
+                out.detach().copy_(piece)
+
+
+def install(mtpg: Any) -> tuple:
+    """Replace the threaded group's maker and tensor-form collectives."""
+    import torch.distributed as dist
+
+    pg = mtpg.ProcessLocalGroup
+    _group_cls[:] = [pg]
+    saved = (dist.Backend._plugins["THREADED"], pg.all_gather_single,
+             pg.reduce_scatter_single)
+    dist.Backend._plugins["THREADED"] = saved[0]._replace(creator_fn=_make_group,
+                                                          extended_api=True)
+
+    def all_gather_single(self: Any, output: Any, input: Any, opts: Any = None) -> Any:
+        coll = pg._start_coll(_GatherSingle(), self)
+        res = coll.join(self._rank, (output, input))
+        pg._end_coll(coll, self)
+        return res
+
+    def reduce_scatter_single(self: Any, output: Any, input: Any, opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        coll = pg._start_coll(_ScatterSingle(op, mtpg._reduce_ops), self)
+        res = coll.join(self._rank, (output, input))
+        pg._end_coll(coll, self)
+        return res
+
+    pg.all_gather_single = all_gather_single
+    pg.reduce_scatter_single = reduce_scatter_single
+    return saved
+
+
+def uninstall(mtpg: Any, saved: tuple) -> None:
+    import torch.distributed as dist
+
+    pg = mtpg.ProcessLocalGroup
+    dist.Backend._plugins["THREADED"], pg.all_gather_single, pg.reduce_scatter_single = saved
