@@ -66,7 +66,9 @@ def group_for(ranks: Sequence[int]):
     mesh that asked first). The group spanning the whole world in rank order is
     the default group, so 1-D meshes over the world create nothing.
     """
-    ranks = tuple(int(r) for r in ranks)
+    if type(ranks) is not tuple or not all(type(r) is int for r in ranks):
+        ranks = tuple(int(r) for r in ranks)
+    # else kept: a mesh's ranks are one tuple shared by a simulated world's ranks
     world = dist.distributed_c10d._get_default_group()
     entry = _groups.get(id(world))
     if entry is not None and entry[0] is world:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +33,30 @@ __all__ = [
     "mesh_from_fx",
     "select",
     "unpickle_mesh",
+    "unravel",
     "validate",
 ]
+
+
+def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """The coordinate of row-major index ``flat`` in a mesh of ``shape``.
+
+    NOTE: plain integer math, not ``torch.unravel_index``: that one imports
+    sympy on first use (about 0.6 s), which every first mesh paid.
+
+    Example:
+        >>> unravel(5, (2, 3))
+        (1, 2)
+    """
+    total = math.prod(shape)
+    if not 0 <= flat < total:
+        raise MeshError(f"unravel: index {flat} is outside a mesh of shape {tuple(shape)} "
+                        f"({total} ranks); expected 0 <= index < {total}")
+    coord = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        coord.append(i)
+    return tuple(reversed(coord))
 
 
 # init_device_mesh ---------------------------------------------------------------
@@ -280,7 +303,32 @@ def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
                 f"DeviceMesh: expected {grid.ndim} unique mesh_dim_names, "
                 f"got {mesh_dim_names}"
             )
+    ranks, grid = shared_layout(ranks, grid)
     return grid, ranks, mesh_dim_names
+
+
+# One (ranks, grid) per layout in the process -----------------------------------------
+_SHARED_MAX = 512  # layouts kept; an evicted one stays alive in the meshes holding it
+_shared: dict[tuple, tuple] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_layout(ranks: tuple[int, ...], grid: torch.Tensor) -> tuple:
+    """``(ranks, grid)``, the same objects for every equal layout in the process.
+
+    The ranks of a simulated world (threads of one process) each build the
+    same meshes: a 1024-rank world held 1024 copies of every big mesh's rank
+    tuple and grid (~70 MB for one 1-D mesh over the world). The grid kept is
+    a copy, so a caller's tensor changed later never changes a mesh.
+    """
+    key = (ranks, tuple(grid.shape))
+    with _shared_lock:
+        hit = _shared.get(key)
+        if hit is None:
+            if len(_shared) >= _SHARED_MAX:
+                del _shared[next(iter(_shared))]  # the oldest
+            hit = _shared[key] = (ranks, grid.clone())
+    return hit
 
 
 # Checking a device type ------------------------------------------------------------

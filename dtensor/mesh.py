@@ -25,33 +25,13 @@ from collections.abc import Sequence
 import torch
 
 from dtensor import _comm, _mesh_build
+from dtensor._mesh_build import unravel
 from dtensor.errors import MeshAxisError, MeshError
 
 __all__ = ["DeviceMesh", "current_mesh", "device_of", "init_device_mesh", "mesh_max", "resolve_mesh",
            "unravel"]
 
 _stack = threading.local()
-
-
-def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
-    """The coordinate of row-major index ``flat`` in a mesh of ``shape``.
-
-    NOTE: plain integer math, not ``torch.unravel_index``: that one imports
-    sympy on first use (about 0.6 s), which every first mesh paid.
-
-    Example:
-        >>> unravel(5, (2, 3))
-        (1, 2)
-    """
-    total = math.prod(shape)
-    if not 0 <= flat < total:
-        raise MeshError(f"unravel: index {flat} is outside a mesh of shape {tuple(shape)} "
-                        f"({total} ranks); expected 0 <= index < {total}")
-    coord = []
-    for size in reversed(shape):
-        flat, i = divmod(flat, size)
-        coord.append(i)
-    return tuple(reversed(coord))
 
 
 def _mesh_stack() -> list[DeviceMesh]:
@@ -174,10 +154,7 @@ class DeviceMesh:
             # Created eagerly, axis by axis, so every member creates its groups
             # in the same global order (lazy creation could interleave
             # differently per rank and deadlock).
-            self._groups = tuple(
-                _comm.group_for(self._axis_ranks(axis)) if self._shape[axis] > 1 else None
-                for axis in range(self.ndim)
-            )
+            self._groups = self._make_groups()
 
     # Geometry ---------------------------------------------------------------
     def size(self, mesh_dim: int | str | None = None) -> int:
@@ -201,16 +178,12 @@ class DeviceMesh:
         """This rank's index along ``mesh_dim`` (required for n-D meshes)."""
         if mesh_dim is None:
             if self.ndim != 1:
-                raise MeshError(
-                    f"get_local_rank: mesh has {self.ndim} axes; pass mesh_dim"
-                )
+                raise MeshError(f"get_local_rank: mesh has {self.ndim} axes; pass mesh_dim")
             mesh_dim = 0
         axis = self._axis(mesh_dim)
         if self._coordinate is None:
-            raise MeshError(
-                f"get_local_rank: rank {self._rank} is not in {self!r}; "
-                "check mesh.get_coordinate() is not None first"
-            )
+            raise MeshError(f"get_local_rank: rank {self._rank} is not in {self!r}; "
+                            "check mesh.get_coordinate() is not None first")
         return self._coordinate[axis]
 
     def get_group(self, mesh_dim: int | str | None = None):
@@ -235,13 +208,18 @@ class DeviceMesh:
         if self._groups is None:
             if self._coordinate is None:
                 return None
-            self._groups = tuple(
-                _comm.group_for(self._axis_ranks(a)) if self._shape[a] > 1 else None
-                for a in range(self.ndim)
-            )
+            self._groups = self._make_groups()
         return self._groups[axis]
 
+    def _make_groups(self) -> tuple:
+        return tuple(
+            _comm.group_for(self._axis_ranks(a)) if self._shape[a] > 1 else None
+            for a in range(self.ndim)
+        )
+
     def _axis_ranks(self, axis: int) -> tuple[int, ...]:
+        if self.ndim == 1:  # the mesh's own ranks, shared by every rank's mesh
+            return self._ranks
         index = list(self._coordinate)
         index[axis] = slice(None)
         return tuple(self.mesh[tuple(index)].tolist())
@@ -249,17 +227,14 @@ class DeviceMesh:
     def _axis(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                raise MeshAxisError(
-                    f"mesh has no axis named {mesh_dim!r}; "
-                    f"its axes are {self.mesh_dim_names}"
-                )
+                raise MeshAxisError(f"mesh has no axis named {mesh_dim!r}; "
+                                    f"its axes are {self.mesh_dim_names}")
             return self.mesh_dim_names.index(mesh_dim)
         if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int):
             raise MeshError(f"mesh axis must be an int or a name, got {mesh_dim!r}")
         if not -self.ndim <= mesh_dim < self.ndim:
-            raise MeshAxisError(
-                f"mesh axis {mesh_dim} out of range for a {self.ndim}-D mesh"
-            )
+            raise MeshAxisError(f"mesh axis {mesh_dim} out of range for a "
+                                f"{self.ndim}-D mesh")
         return mesh_dim % self.ndim
 
     # Sub-meshes -------------------------------------------------------------
