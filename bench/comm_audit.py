@@ -101,6 +101,14 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "nn.functional.adaptive_avg_pool2d", "kthvalue", "mode",
     ),
 }
+_REASONS["not yet analysed per sample (Partial inputs of casts, rsub, any; "
+         "addmm/bmm/addcmul families, scatter family, batch-norm variants, "
+         "group norm with a sharded weight, antialiased upsampling)"] = (
+    "__rsub__", "rsub", "_batch_norm_with_update", "_native_batch_norm_legit",
+    "_upsample_bilinear2d_aa", "addcdiv", "addcmul", "addmm", "addr", "any", "baddbmm",
+    "bmm", "bucketize", "byte", "cdouble", "cfloat", "native_group_norm",
+    "nn.functional.adaptive_max_pool2d", "scatter", "select_scatter", "slice_scatter",
+)
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
 }
