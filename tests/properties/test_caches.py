@@ -140,7 +140,8 @@ def test_same_op_with_plain_operands_of_another_dtype_gives_each_answer(
     case = data.draw(st.sampled_from(PLAIN_CASES), label="op")
     layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
     x = data.draw(tensors(shape=tensor_shapes(max_dims=2, max_side=4),
-                          dtype=dtypes(include=_F), fills=("arange", "small")), label="x")
+                          dtype=dtypes(include=(*_N, torch.bool)), fills=("arange", "small")),
+                  label="x")
     ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=x.ndim,
                               mixed_reduce_ops=impl.mixed_partials), label="placements")
     d1, d2 = data.draw(st.permutations(_PLAIN_DTYPES), label="plain dtypes")[:2]

@@ -65,6 +65,8 @@ CASES = (
     ForeachCase("_foreach_neg", "none", lambda xs, o: _f._foreach_neg(xs)),
 )
 _DT = (torch.float64, torch.float32)
+_ADDS = tuple(c for c in CASES if c.name.startswith(("_foreach_add", "_foreach_lerp",
+                                                      "_foreach_addc", "_foreach_clamp")))
 
 
 # Known runtime bug (strict xfail below): a Partial(sum) member times a list
@@ -86,7 +88,9 @@ def _member(data, layout, impl, shape, dtype, label, allow_partial=True):
 @settings(max_examples=2 * settings.default.max_examples)
 @given(data=st.data())
 def test_foreach_on_partial_members_matches_single_device(n_ranks, world, impl, data):
-    case = data.draw(st.sampled_from(CASES), label="op")
+    # Partial-kept-through-a-shift cases first half the time: they are where
+    # a rule that keeps Partial(sum) through an add shows.
+    case = data.draw(st.one_of(st.sampled_from(_ADDS), st.sampled_from(CASES)), label="op")
     layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
     dtype = data.draw(st.sampled_from(_DT), label="dtype")
     k = data.draw(st.integers(1, 3), label="list length")
