@@ -13,11 +13,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from dtensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from dtensor.debug import CommCounter
 from dtensor.dispatch.cache import TABLE, forget
 
-W2 = pytest.mark.world_size(2)
 
 OPS = {
     "x + s": operator.add, "s + x": lambda x, s: operator.add(s, x),
@@ -37,10 +36,6 @@ SCALARS = [3, 2.5, True, 1 + 2j]
 LAYOUTS = [[Replicate()], [Shard(0)], [Shard(1)], [Partial()]]
 
 
-def _mesh() -> DeviceMesh:
-    return DeviceMesh("cpu", [0, 1])
-
-
 def _same(a: DTensor, b: DTensor, what: str) -> None:
     assert type(a) is type(b) is DTensor, what
     assert a._spec == b._spec, (what, str(a._spec), str(b._spec))
@@ -48,10 +43,10 @@ def _same(a: DTensor, b: DTensor, what: str) -> None:
     assert torch.equal(a.to_local(), b.to_local()), what
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
-def test_operators_equal_the_c_path_with_the_same_calls(world, dtype) -> None:
-    mesh = _mesh()
+def test_operators_equal_the_c_path_with_the_same_calls(line_mesh, world, dtype) -> None:
+    mesh = line_mesh(2)
     full = torch.arange(1, 13, dtype=dtype).reshape(4, 3)
     for placements in LAYOUTS:
         x = distribute_tensor(full, mesh, placements)
@@ -79,9 +74,9 @@ def test_operators_equal_the_c_path_with_the_same_calls(world, dtype) -> None:
         _same(-x, torch.Tensor.__neg__(x), f"-x on {placements}")
 
 
-@W2
-def test_a_partial_operand_is_reduced_once_as_on_the_c_path(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_a_partial_operand_is_reduced_once_as_on_the_c_path(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     p = DTensor.from_local(torch.tensor([1.0, 2.0]) * (world.rank + 1), mesh, [Partial()])
     with CommCounter() as c:
         r = 2.0 / (p + 1e-6)
@@ -90,9 +85,9 @@ def test_a_partial_operand_is_reduced_once_as_on_the_c_path(world) -> None:
     torch.testing.assert_close(r.to_local(), 2.0 / (torch.tensor([3.0, 6.0]) + 1e-6))
 
 
-@W2
-def test_gradients_modes_and_autocast_take_the_c_path(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_gradients_modes_and_autocast_take_the_c_path(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
     w = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]).requires_grad_()
     # A gradient to record: the C path builds the graph.
@@ -135,8 +130,8 @@ def test_gradients_modes_and_autocast_take_the_c_path(world) -> None:
     assert r.dtype == torch.float32
 
 
-@W2
-def test_forward_ad_levels_and_functorch_transforms_take_the_c_path(world, monkeypatch) -> None:
+@pytest.mark.world_size(2)
+def test_forward_ad_levels_and_functorch_transforms_take_the_c_path(line_mesh, world, monkeypatch) -> None:
     """Tangents and transform wrappers live in the layers the operators skip:
     under a forward-AD dual level or inside a functorch transform the C path
     runs (it reaches ``DTensor.__torch_dispatch__``; the direct call does not)."""
@@ -144,7 +139,7 @@ def test_forward_ad_levels_and_functorch_transforms_take_the_c_path(world, monke
 
     import dtensor.tensor
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
     entered = []
     real = dtensor.tensor._dispatch

@@ -21,10 +21,6 @@ WORLDS = pytest.mark.parametrize(
 )
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _same(got, want, where: str) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape, (where, got, want)
     torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0,
@@ -33,10 +29,10 @@ def _same(got, want, where: str) -> None:
 
 @WORLDS
 @pytest.mark.parametrize("shape", [(5, 4, 3), (3,)], ids=["uneven", "empty-shards"])
-def test_max_min_of_shards_send_one_element(world, n, shape) -> None:
+def test_max_min_of_shards_send_one_element(line_mesh, world, n, shape) -> None:
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     for d in range(len(shape)):
-        dx = distribute_tensor(x, _mesh(n), [Shard(d)])
+        dx = distribute_tensor(x, line_mesh(n), [Shard(d)])
         for fn in (torch.max, torch.min):
             with CommCounter() as c:
                 got = fn(dx)
@@ -48,8 +44,8 @@ def test_max_min_of_shards_send_one_element(world, n, shape) -> None:
 
 
 @WORLDS
-def test_max_min_keep_nan_inf_and_signed_zero(world, n) -> None:
-    mesh = _mesh(n)
+def test_max_min_keep_nan_inf_and_signed_zero(line_mesh, world, n) -> None:
+    mesh = line_mesh(n)
     cases = {
         "nan-last": torch.cat([torch.ones(3 * n - 1), torch.tensor([math.nan])]),
         "nan-first": torch.cat([torch.tensor([math.nan]), -torch.ones(3 * n - 1)]),
@@ -75,7 +71,7 @@ def test_max_min_keep_nan_inf_and_signed_zero(world, n) -> None:
 
 
 @pytest.mark.world_size(4)
-def test_max_min_on_a_2d_mesh_and_of_partial_values(world) -> None:
+def test_max_min_on_a_2d_mesh_and_of_partial_values(line_mesh, world) -> None:
     x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     for placements in ([Shard(0), Shard(1)], [Shard(0), Shard(0)], [Replicate(), Shard(1)]):
@@ -85,17 +81,17 @@ def test_max_min_on_a_2d_mesh_and_of_partial_values(world) -> None:
                 got = fn(dx)
             assert c["all_gather"] == 0, (placements, c.counts)
             _same(got.full_tensor(), fn(x), f"{fn.__name__} {placements}")
-    part = distribute_tensor(x, _mesh(4), [Partial()])  # reduced first: max of sums
+    part = distribute_tensor(x, line_mesh(4), [Partial()])  # reduced first: max of sums
     for fn in (torch.max, torch.min):
         _same(fn(part).full_tensor(), fn(x), f"{fn.__name__} Partial")
 
 
 @WORLDS
 @pytest.mark.parametrize("shape", [(5, 3), (3,)], ids=["uneven", "empty-shards"])
-def test_mse_loss_of_shards_sends_one_element(world, n, shape) -> None:
+def test_mse_loss_of_shards_sends_one_element(line_mesh, world, n, shape) -> None:
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for d in range(len(shape)):
         for px, py in (([Shard(d)], [Shard(d)]), ([Shard(d)], [Replicate()]),
                        ([Replicate()], [Shard(d)])):
@@ -118,13 +114,13 @@ def test_mse_loss_of_shards_sends_one_element(world, n, shape) -> None:
 
 @WORLDS
 @pytest.mark.parametrize("batch", [5, 3], ids=["uneven", "empty-shards"])
-def test_cross_entropy_mean_of_a_sharded_batch_sends_two_elements(world, n, batch) -> None:
+def test_cross_entropy_mean_of_a_sharded_batch_sends_two_elements(line_mesh, world, n, batch) -> None:
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(batch, 6, generator=g)
     target = torch.randint(0, 6, (batch,), generator=g)
     target[0] = -100  # ignored: the mean's divisor depends on the data
     weight = torch.rand(6, generator=g) + 0.5
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for kw in ({}, {"weight": weight}):
         ref = logits.clone().requires_grad_()
         want = torch.nn.functional.cross_entropy(ref, target, **kw)
@@ -147,11 +143,11 @@ def test_cross_entropy_mean_of_a_sharded_batch_sends_two_elements(world, n, batc
 
 @WORLDS
 @pytest.mark.parametrize("shape", [(5, 4, 3), (3,)], ids=["uneven", "empty-shards"])
-def test_aminmax_of_shards_sends_two_elements(world, n, shape) -> None:
+def test_aminmax_of_shards_sends_two_elements(line_mesh, world, n, shape) -> None:
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
     x.view(-1)[-1] = math.nan if len(shape) == 1 else x.view(-1)[-1]  # NaN on the last rank
     for d in range(len(shape)):
-        dx = distribute_tensor(x, _mesh(n), [Shard(d)])
+        dx = distribute_tensor(x, line_mesh(n), [Shard(d)])
         with CommCounter() as c:
             lo, hi = torch.aminmax(dx)
         where = f"aminmax S({d}) of {shape}"

@@ -23,14 +23,10 @@ ORDS = [2, 1, 3.0, 0, -1.0, math.inf, -math.inf]
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 @WORLDS
 @pytest.mark.parametrize("shape", [(64, 32), (3, 5)], ids=["even", "uneven"])
-def test_vector_norm_of_shards_equals_single_device_without_gathering(world, n, shape) -> None:
-    mesh = _mesh(n)
+def test_vector_norm_of_shards_equals_single_device_without_gathering(line_mesh, world, n, shape) -> None:
+    mesh = line_mesh(n)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     x[0, 0] = 0.0  # the 0-norm counts non-zeros
     for placements in ([Shard(0)], [Shard(1)], [Replicate()]):
@@ -52,7 +48,7 @@ def test_vector_norm_of_shards_equals_single_device_without_gathering(world, n, 
 
 
 @pytest.mark.world_size(4)
-def test_vector_norm_on_a_2d_mesh_and_of_partial_values(world) -> None:
+def test_vector_norm_on_a_2d_mesh_and_of_partial_values(line_mesh, world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
     d = distribute_tensor(x, mesh, [Shard(0), Shard(1)])
@@ -62,16 +58,16 @@ def test_vector_norm_on_a_2d_mesh_and_of_partial_values(world) -> None:
     got = torch.linalg.vector_norm(d, 2, dim=1)  # dim 0 stays sharded on axis 0
     assert got.placements == (Shard(0), norm_partial(2.0))  # axis 1: pieces, nothing sent
     torch.testing.assert_close(got.full_tensor(), torch.linalg.vector_norm(x, 2, dim=1), **TOL)
-    part = distribute_tensor(x, _mesh(4), [Partial()])  # rank 0 holds x, the others 0
+    part = distribute_tensor(x, line_mesh(4), [Partial()])  # rank 0 holds x, the others 0
     torch.testing.assert_close(torch.linalg.vector_norm(part, 2).full_tensor(),
                                torch.linalg.vector_norm(x, 2), **TOL)
 
 
 @WORLDS
-def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
+def test_inf_norm_keeps_a_nan_held_by_one_shard(line_mesh, world, n) -> None:
     x = torch.ones(4 * n)
     x[-1] = math.nan  # on the last rank only
-    d = distribute_tensor(x, _mesh(n), [Shard(0)])
+    d = distribute_tensor(x, line_mesh(n), [Shard(0)])
     for p in (math.inf, -math.inf, 2):
         with CommCounter() as c:
             got = torch.linalg.vector_norm(d, p).full_tensor()
@@ -81,18 +77,18 @@ def test_inf_norm_keeps_a_nan_held_by_one_shard(world, n) -> None:
         assert c.bytes == {"all_reduce": 4}, (p, c.bytes)
     y = torch.arange(4.0 * n) + 1
     y[-1] = math.inf  # a real inf is not a NaN
-    e = distribute_tensor(y, _mesh(n), [Shard(0)])
+    e = distribute_tensor(y, line_mesh(n), [Shard(0)])
     assert torch.linalg.vector_norm(e, math.inf).full_tensor() == math.inf
     assert torch.linalg.vector_norm(e, -math.inf).full_tensor() == 1.0
 
 
 @WORLDS
-def test_foreach_norm_keeps_norm_pieces_and_reduces_negative_orders_once(world, n) -> None:
+def test_foreach_norm_keeps_norm_pieces_and_reduces_negative_orders_once(line_mesh, world, n) -> None:
     """Orders >= 0 and inf: each rank's norms of its pieces are the results'
     pieces (``Partial("norm<p>")``), nothing sent; -inf (no partial form):
     one all-reduce for the whole list. Either way the full values are the
     single-device norms."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     g = torch.Generator().manual_seed(2)
     xs = [torch.randn(8, 6, generator=g), torch.randn(7, generator=g),
           torch.randn(5, 4, generator=g), torch.randn(3, generator=g), torch.randn(2, 9, generator=g)]
@@ -112,11 +108,11 @@ def test_foreach_norm_keeps_norm_pieces_and_reduces_negative_orders_once(world, 
 
 @WORLDS
 @pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
-def test_total_norm_of_norm_pieces_reduces_one_scalar_at_first_use(world, n, p) -> None:
+def test_total_norm_of_norm_pieces_reduces_one_scalar_at_first_use(line_mesh, world, n, p) -> None:
     """clip_grad_norm_'s shape: per-tensor norms, ``stack`` (a replicated
     norm among sharded ones), ``vector_norm`` of the same order: all local;
     the first pointwise use of the total sends one all-reduce of one scalar."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     g = torch.Generator().manual_seed(5)
     xs = [torch.randn(9, 4, generator=g), torch.randn(4, generator=g), torch.randn(3, 10, generator=g)]
     ds = [distribute_tensor(x, mesh, pl)
@@ -134,11 +130,11 @@ def test_total_norm_of_norm_pieces_reduces_one_scalar_at_first_use(world, n, p) 
 
 
 @WORLDS
-def test_clip_grad_norm_over_mixed_placements_equals_single_device(world, n) -> None:
+def test_clip_grad_norm_over_mixed_placements_equals_single_device(line_mesh, world, n) -> None:
     """Norm types 2, 1, inf over Shard(0) / Shard(1) / Replicate gradients:
     clipped gradients and the returned total equal single device, and the
     clip sends one all-reduce of one scalar."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     g = torch.Generator().manual_seed(7)
     grads = [torch.randn(10, 6, generator=g), torch.randn(10, generator=g),
              torch.randn(4, 10, generator=g), torch.randn(4, generator=g)]
@@ -161,7 +157,7 @@ def test_clip_grad_norm_over_mixed_placements_equals_single_device(world, n) -> 
 
 
 @pytest.mark.world_size(2)
-def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypatch) -> None:
+def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(line_mesh, world, monkeypatch) -> None:
     """The second ``_foreach_norm`` with the same key (every clipping step)
     skips the general path: its plan's fast form runs the rule's ``local`` on
     the list's pieces, with the same result and nothing sent; a new order is
@@ -170,7 +166,7 @@ def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypa
     from dtensor.dispatch.cache import TABLE
     from dtensor.dispatch.form import FAST_LOCAL
 
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(8, 6, generator=g), torch.randn(4, generator=g), torch.randn(3, 4, generator=g)]
     ds = [distribute_tensor(x, mesh, pl)
@@ -197,7 +193,7 @@ def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(world, monkeypa
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("piece", [norm_partial(2.0), Partial("sum"), Partial("max")], ids=str)
-def test_an_op_that_reduces_its_partial_operand_runs_from_the_fast_path(
+def test_an_op_that_reduces_its_partial_operand_runs_from_the_fast_path(line_mesh, 
         world, monkeypatch, piece) -> None:
     """``clip_grad_norm_``'s ``total_norm + 1e-6`` every step: a plan whose
     only move is a reduction of top-level operands gets a fast form (MOVE)
@@ -210,7 +206,7 @@ def test_an_op_that_reduces_its_partial_operand_runs_from_the_fast_path(
     from dtensor.dispatch.form import FAST_MOVE
 
     forget()  # plans of earlier parameters stay in the table otherwise
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     rank = mesh.get_coordinate()[0]
     local = torch.tensor([3.0, 4.0]) + rank
     p = DTensor.from_local(local, mesh, [piece], run_check=False)
