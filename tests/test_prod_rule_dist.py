@@ -24,10 +24,6 @@ WORLDS = pytest.mark.parametrize(
 PRODUCT = Partial("product")
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _values(shape, dtype, seed: int = 0) -> torch.Tensor:
     """Values whose products neither overflow nor vanish; ints without zeros
     (a zero would hide a wrong product), bools mostly true."""
@@ -61,9 +57,9 @@ def _calls():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
 @pytest.mark.parametrize("shape", [(8, 4), (5, 3), (1, 3), (0, 3)],
                          ids=["even", "uneven", "empty-shards", "empty"])
-def test_prod_of_shards_equals_single_device_and_never_gathers(world, n, dtype, shape) -> None:
+def test_prod_of_shards_equals_single_device_and_never_gathers(line_mesh, world, n, dtype, shape) -> None:
     x = _values(shape, dtype)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for placements in ([Shard(0)], [Shard(1)], [Replicate()]):
         d = distribute_tensor(x, mesh, placements)
         for name, fn, dim, keepdim in _calls():
@@ -89,12 +85,12 @@ def test_prod_of_shards_equals_single_device_and_never_gathers(world, n, dtype, 
 
 @WORLDS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
-def test_whole_tensor_prod_sends_one_element(world, n, dtype) -> None:
+def test_whole_tensor_prod_sends_one_element(line_mesh, world, n, dtype) -> None:
     """The audit's case: what the fallback all-gathered is one all-reduce of
     one element (4 B float32; int64 and bool products are int64: 8 B)."""
     x = _values((5, 4, 3), dtype, seed=1)
     for d in range(3):
-        dx = distribute_tensor(x, _mesh(n), [Shard(d)])
+        dx = distribute_tensor(x, line_mesh(n), [Shard(d)])
         with CommCounter() as c:
             got = dx.prod().full_tensor()
         want = x.prod()
@@ -103,8 +99,8 @@ def test_whole_tensor_prod_sends_one_element(world, n, dtype) -> None:
 
 
 @WORLDS
-def test_prod_dtype_argument_and_promotion(world, n) -> None:
-    mesh = _mesh(n)
+def test_prod_dtype_argument_and_promotion(line_mesh, world, n) -> None:
+    mesh = line_mesh(n)
     cases = [
         (torch.float32, torch.float64),
         (torch.int64, torch.float32),
@@ -135,10 +131,10 @@ def test_prod_dtype_argument_and_promotion(world, n) -> None:
 
 
 @WORLDS
-def test_complex_prod_keeps_the_fallback(world, n) -> None:
+def test_complex_prod_keeps_the_fallback(line_mesh, world, n) -> None:
     """Partial(product) cannot multiply complex pieces: the dim is gathered
     and the value is still the single-device product."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     g = torch.Generator().manual_seed(3)
     z = torch.complex(1 + 0.1 * torch.randn(6, 2, generator=g), 0.1 * torch.randn(6, 2, generator=g))
     dz = distribute_tensor(z, mesh, [Shard(0)])
@@ -153,7 +149,7 @@ def test_complex_prod_keeps_the_fallback(world, n) -> None:
 
 
 @pytest.mark.world_size(4)
-def test_prod_on_a_2d_mesh(world) -> None:
+def test_prod_on_a_2d_mesh(line_mesh, world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     for dtype in (torch.float32, torch.int64):
         x = _values((5, 3), dtype, seed=4)
@@ -180,8 +176,8 @@ def test_prod_on_a_2d_mesh(world) -> None:
 
 
 @WORLDS
-def test_prod_of_partial_values(world, n) -> None:
-    mesh = _mesh(n)
+def test_prod_of_partial_values(line_mesh, world, n) -> None:
+    mesh = line_mesh(n)
     x = _values((6, 3), torch.float32, seed=5)
     # a product of partial sums is not the product: reduce first
     for dim in (None, 0, 1):
