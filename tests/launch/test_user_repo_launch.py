@@ -1,6 +1,6 @@
 """Covers: launch/cli.py (its own arguments and pytest's checked before any
-world starts; the summary's whole time and restarts), launch/agree.py (one
-copy of a failure that is the same on several ranks).
+world starts; the summary's whole time and restarts), launch/agree.py and
+launch/hypo/run.py (one copy of a failure that is the same on several ranks).
 
 Black-box where a world runs: a repository outside this one, one test file,
 no conftest and no pytest configuration.
@@ -114,6 +114,11 @@ def test_hang():
 
 def test_after():
     t = torch.ones(1); dist.all_reduce(t); assert t.item() == dist.get_world_size()
+
+@settings(max_examples=20, derandomize=True, database=None)
+@given(x=st.integers(0, 10))
+def test_property_fails_alike(x):
+    assert x < 5, "a property that fails alike on every rank"
 '''
 
 
@@ -125,6 +130,10 @@ def test_the_summary_gives_the_whole_time_and_the_restarts(repo):
     assert p.returncode == 1, out
     assert out.count("the same on every rank") == 2, out  # the traceback and E line, once
     assert "ranks 0–1, same error (call)" in out, out
-    assert "2 failed, 1 passed" in out, out
+    assert "3 failed, 1 passed" in out, out
+    # the property's own per-rank blocks, one for both ranks
+    assert "----- ranks 0–1, same error -----" in out, out
+    # and the two ranks' reports of it, whose long tracebacks differ only in addresses
+    assert out.count("ranks 0–1, same error (call)") == 2, out
     last = [ln for ln in out.splitlines() if ln.startswith("launch: 2 ranks, exit status 1")]
     assert last and " s in all, 1 world restart;" in last[-1], out
