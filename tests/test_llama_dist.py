@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import shutil
 import sys
-import tempfile
-from contextlib import contextmanager
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import dtensor
 from dtensor import DeviceMesh, DTensor, Shard
@@ -97,26 +93,9 @@ def test_meta_init_gives_the_single_device_parameters_bit_for_bit(world) -> None
     assert torch.equal(model.freqs_cis, ref.freqs_cis)
 
 
-@contextmanager
-def _shared_dir(world):
-    """A directory every rank of the test sees (its first rank makes and removes it)."""
-    buf = torch.zeros(512, dtype=torch.uint8)
-    if world.rank == 0:
-        made = tempfile.mkdtemp(prefix="dtensor-llama-").encode()
-        buf[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
-    dist.broadcast(buf, group=world.group, group_src=0)
-    path = bytes(buf[buf != 0].tolist()).decode()
-    try:
-        yield path
-    finally:
-        dist.barrier(group=world.group)
-        if world.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.dist_timeout(600)
 @pytest.mark.world_size(4)
-def test_checkpoint_on_4_ranks_resumes_on_2_with_another_plan(world) -> None:
+def test_checkpoint_on_4_ranks_resumes_on_2_with_another_plan(world, shared_dir) -> None:
     """Save model and AdamW state mid-training on 4 ranks (sequence parallel),
     resume on ranks 0-1 with the plain tensor-parallel plan: the resumed run's
     losses are the uninterrupted run's."""
@@ -131,7 +110,7 @@ def test_checkpoint_on_4_ranks_resumes_on_2_with_another_plan(world) -> None:
     a = llama.build_parallel(args, mesh4, True)
     opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1, foreach=True)
     first = llama.train(a, data[:3], optimizer=opt_a)
-    with _shared_dir(world) as path:
+    with shared_dir("dtensor-llama-") as path:
         msd, osd = get_state_dict(a, opt_a)
         ckpt.save({"model": msd, "optim": osd}, path)
         uninterrupted = llama.train(a, data[3:], optimizer=opt_a)
