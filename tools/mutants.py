@@ -386,6 +386,20 @@ def _runs_from_column_zero(gs, lo, ls):
     return lo
 
 
+def _coordinate_wraps_past_127() -> None:
+    # A layout bug that needs >= 129 ranks on one mesh axis: real worlds here
+    # and the 16/64-rank simulated runs never see it; the 256-rank run does.
+    from dtensor import mesh
+
+    original = mesh.unravel
+
+    def unravel(flat, shape):
+        # BUG: a coordinate kept in a signed byte: index 128 comes back as -128
+        return tuple((c + 128) % 256 - 128 for c in original(flat, shape))
+
+    mesh.unravel = unravel
+
+
 def _gather_zeroes_eighth_piece_on_wide_axis() -> None:
     # Issue 22: a layout bug that needs >= 8 ranks on one mesh axis, so real
     # 4-rank worlds never see it; simulated 16- and 64-rank worlds catch it.
@@ -514,6 +528,8 @@ def _mesh_boolean_reduces_first_axis_only() -> None:
 
 
 MUTANTS = {
+    "coordinate_wraps_past_127": (_coordinate_wraps_past_127,
+                                  "tests/properties/test_redistribute.py"),
     "gather_zeroes_eighth_piece_on_wide_axis": (_gather_zeroes_eighth_piece_on_wide_axis,
                                                 "tests/properties/test_redistribute.py"),
     "gather_drops_last_uneven_shard": (_gather_drops_last_uneven_shard,
@@ -581,6 +597,8 @@ FUZZ_ONLY = {"gather_zeroes_tail_of_dim2_on_4"}
 # Needs >= 8 ranks on one axis: caught by simulated worlds only (issue 22:
 # DTENSOR_WORLD_SIZES=16 pytest --dist-sim), so the 4-rank default run skips it.
 FUZZ_ONLY |= {"gather_zeroes_eighth_piece_on_wide_axis"}
+# Needs >= 129 ranks on one axis: DTENSOR_WORLD_SIZES=256 pytest --dist-sim only.
+FUZZ_ONLY |= {"coordinate_wraps_past_127"}
 
 
 def apply(name: str) -> None:
