@@ -24,6 +24,8 @@ Mutants (docs/properties.md has the oracle that catches each):
     gather_zeroes_tail_of_dim2_on_4  gathering tensor dim 2 of length 5 over a
         mesh axis of 4 zeroes the last entry (rare: the ``ci`` profile misses
         it; ``python -m launch fuzz`` finds it, see docs/fuzzing.md)
+    coordinate_wraps_past_127  a mesh coordinate kept in a signed byte (only a
+        mesh axis of >= 129 ranks shows it: DTENSOR_WORLD_SIZES=256 --dist-sim)
     shard_range_balanced  shards split 2,1,1,1 (array_split), not torch.chunk's
         2,2,1,0; self-consistent, so every full value survives
     submesh_ignores_name_order  ``mesh["tp", "dp"]`` names its axes as asked
