@@ -55,8 +55,8 @@ One per input kind of the recently added code (the property that catches it):
     random_mid_row_run_drops_row_offset  a block that is one run starting
         mid-row keeps only its column offset
         (test_random.py::test_random_runs_that_start_mid_row)
-    norm_order_zero_share_powered  the order-0 share (a count) is raised to
-        the 0th power (test_norms.py: vector_norm, foreach_norm/clip_grad_norm_)
+    norm_order_zero_share_powered  order-0 norm pieces (counts) are raised to
+        the 0th power when reduced (test_norms.py: vector_norm of every order)
     foreach_add_keeps_partial  ``_foreach_add_`` of a scalar keeps Partial(sum)
         members partial (test_foreach.py)
     run_check_broadcasts_first_replicate_axis_only  ``run_check`` makes
@@ -435,15 +435,16 @@ def _mid_row_offset_dropped(gs, lo, ls):
 
 
 def _norm_order_zero_share_powered() -> None:
-    from dtensor.rules import norms
+    from dtensor import _norm_wire
 
-    original = norms.local_share
+    original = _norm_wire.to_wire
 
-    def local_share(x, p, dims, keepdim, dtype):
-        out = original(x, p, dims, keepdim, dtype)
-        return out.pow(p) if p == 0.0 else out  # BUG: a count raised to the 0th power
+    def to_wire(pieces, p):
+        if p == 0.0:  # BUG: a count raised to the 0th power, like any p-norm piece
+            return pieces.pow(p), "sum"
+        return original(pieces, p)
 
-    norms.local_share = local_share
+    _norm_wire.to_wire = to_wire
 
 
 def _foreach_add_keeps_partial() -> None:
