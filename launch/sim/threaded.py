@@ -147,8 +147,7 @@ def _exit() -> None:
 
 class _ReduceScatter:
     """The threaded group's reduce-scatter for every reduce op it all-reduces
-    with (its own takes SUM and AVG only; Gloo also takes MIN, MAX, PRODUCT,
-    which a redistribute of ``Partial(max)`` to ``Shard`` uses)."""
+    with (its own takes SUM and AVG only; Gloo also takes MIN, MAX, PRODUCT)."""
 
     ops: dict = {}
 

@@ -35,20 +35,11 @@ from launch.sim import collectives
 from launch.sim.threaded import unpark_collectives
 from launch.sim.turn import _Waiter, turn
 
-__all__ = ["Outcome", "SimAbort", "SimDivergence", "SimRankFailure", "SimWorld",
-           "world"]
+__all__ = ["Outcome", "SimAbort", "SimWorld", "world"]
 
 
 class SimAbort(Exception):
     """A rank was released from a collective because another rank failed or hung."""
-
-
-class SimDivergence(BaseException):
-    """Ranks did different things with one example (a BaseException: never shrunk)."""
-
-
-class SimRankFailure(AssertionError):
-    """An example failed on some rank of a simulated world."""
 
 
 @dataclass
