@@ -1,7 +1,7 @@
 """Covers: the gather-free rules of dtensor/rules/reduction.py for whole-tensor
 ``max()`` / ``min()`` / ``aminmax()`` on Gloo worlds: values equal single device (uneven and
 empty shards, NaN on one rank, ±inf, -0.0, integer dtypes, a 2-D mesh) and
-the wire carries one all-reduce of one element, never a gather (issue 21's
+the wire carries one all-reduce of one element, never a gather (the
 fallback-bytes audit: the replicate fallback gathered the whole tensor); and
 of dtensor/rules/nn.py for mse_loss and nll_loss (cross_entropy) with
 reduction="mean"/"sum" on a sharded batch: one small all-reduce."""

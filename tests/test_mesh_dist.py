@@ -248,7 +248,7 @@ def test_destroying_one_group_keeps_the_worlds_other_groups(world) -> None:
     # re-create its groups by their (still registered) names on ranks 0-1
     # (c10d: "group name has already been created") while ranks 2-3, who kept
     # theirs, went on into the next collective and waited there for good: the
-    # shape of the torchrun hang of the flatten property (issue 25).
+    # shape of the torchrun hang of the flatten property.
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
     before = mesh.get_all_groups()
     if world.rank in (0, 1):

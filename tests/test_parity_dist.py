@@ -1,4 +1,4 @@
-"""Covers: the public behaviour PyTorch's own DTensor tests expect (issue 28):
+"""Covers: the public behaviour PyTorch's own DTensor tests expect:
 every ``Partial`` reduce op, ``redistribute(forward_dtype=, backward_dtype=,
 async_op=)``, the gradient layout of a redistribute from ``Partial``, and
 the constructor warning; dtensor/placement.py, dtensor/spec.py and

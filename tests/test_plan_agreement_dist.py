@@ -1,5 +1,5 @@
 """Covers: dtensor/parallel/api.py — a plan that fails or differs on one rank
-is a ``PlanError`` on every rank (issue 25), not a transport error from the
+is a ``PlanError`` on every rank, not a transport error from the
 parameters' broadcast; the comparison issues no collective."""
 
 from __future__ import annotations

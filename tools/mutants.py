@@ -403,7 +403,7 @@ def _coordinate_wraps_past_127() -> None:
 
 
 def _gather_zeroes_eighth_piece_on_wide_axis() -> None:
-    # Issue 22: a layout bug that needs >= 8 ranks on one mesh axis, so real
+    # A layout bug that needs >= 8 ranks on one mesh axis, so real
     # 4-rank worlds never see it; simulated 16- and 64-rank worlds catch it.
     from dtensor import redistribute
     from dtensor.spec import shard_range
@@ -547,7 +547,7 @@ MUTANTS = {
                                    "tests/properties/test_ops.py"),
     "gather_zeroes_tail_of_dim2_on_4": (_gather_zeroes_tail_of_dim2_on_4,
                                         "tests/properties/test_redistribute.py"),
-    # issue 20: bugs that leave full values intact or hide from generic draws
+    # bugs that leave full values intact or hide from generic draws
     "shard_range_balanced": (_shard_range_balanced, "tests/properties/test_redistribute.py"),
     "submesh_ignores_name_order": (_submesh_ignores_name_order,
                                    "tests/properties/test_layouts.py"),
@@ -572,7 +572,7 @@ MUTANTS = {
         lambda: _random_block_mutant(_runs_from_column_zero), "tests/properties/test_random.py"),
     "random_empty_block_comes_back_flat": (
         lambda: _random_block_mutant(flat_empty=True), "tests/properties/test_random.py"),
-    # issue 46: one per input kind; the property that catches each in the table
+    # one per input kind; the property that catches each in the table
     # of docs/properties.md
     "random_mid_row_run_drops_row_offset": (
         lambda: _random_block_mutant(_mid_row_offset_dropped),
@@ -597,7 +597,7 @@ MUTANTS = {
 # Planted for fuzzing sessions (docs/fuzzing.md): the ci profile misses them
 # by design, so the default run (every mutant) leaves them out.
 FUZZ_ONLY = {"gather_zeroes_tail_of_dim2_on_4"}
-# Needs >= 8 ranks on one axis: caught by simulated worlds only (issue 22:
+# Needs >= 8 ranks on one axis: caught by simulated worlds only (
 # DTENSOR_WORLD_SIZES=16 pytest --dist-sim), so the 4-rank default run skips it.
 FUZZ_ONLY |= {"gather_zeroes_eighth_piece_on_wide_axis"}
 # Needs >= 129 ranks on one axis: DTENSOR_WORLD_SIZES=256 pytest --dist-sim only.

@@ -52,7 +52,7 @@ def locations(db: Any) -> list[str]:
     if inner:  # a wrapper (per-node keys, background writes): where its inner one writes
         return [w for d in inner for w in locations(d)]
     # NOTE: an unknown kind (a network database) is taken as shared when its
-    # repr matches rank 0's: rank 0 alone writes it, as before.
+    # repr matches rank 0's: rank 0 alone writes it.
     return [f"other:{db!r}"]
 
 

@@ -75,13 +75,12 @@ def pin_literal_pool() -> None:
     Hypothesis' pool as it is.
 
     Hypothesis draws 5 % of its numbers from the literals of the "local"
-    (non-test, non-installed) modules in ``sys.modules`` at that moment. So
-    one seed gave different examples in a simulated world (which imports
-    ``launch.sim.world``) and in a real rank (``launch.modes.lockstep``), in an xdist
-    worker (the modules of its share of the tests) and in one process, and
-    after any literal changed anywhere in the project: a planted bug that a
-    real 4-rank world caught passed simulated, because a number added to the
-    simulator moved the examples. Only the code under test and the seed
+    (non-test, non-installed) modules in ``sys.modules`` at that moment, so
+    one seed would give different examples in a simulated world (which
+    imports ``launch.sim.world``) and in a real rank
+    (``launch.modes.lockstep``), in an xdist worker and in one process, and
+    after any literal changed anywhere in the project: a planted bug caught
+    in one mode could pass in another. Only the code under test and the seed
     should choose the examples: the local pool stays empty (Hypothesis' own
     boundary values remain).
     """

@@ -368,22 +368,21 @@ def _freeze_heap(young_only: bool = False) -> None:
 
     A simulated world's process holds every rank's long-lived objects and the
     imports the examples pull in (torch.distributed.tensor, sympy: ~200k
-    objects): each full collection walked them all again, ~1 s of a 4-rank
-    property run's 10 s per worker. Frozen objects are still freed by
+    objects), which every full collection would walk again (about a tenth
+    of a 4-rank property run). Frozen objects are still freed by
     reference counting; only a cycle among them that becomes garbage later is
     kept, so this runs where little is alive but the process's own state: at
     the end of collection (a full collection first) and between test modules
-    (the young generations only: a full collection there walked the whole
-    previous module's survivors, ~25 ms each, ~0.12 s of a worker's ~9 s;
-    a cycle that died in the old generation since the collector's last full
+    (the young generations only: a full collection there would walk the
+    whole previous module's survivors; a cycle that died in the old generation since the collector's last full
     pass is frozen with the rest, a bounded leak per module).
     """
     gc.collect(1 if young_only else 2)
     gc.freeze()
     # With most objects frozen, a full collection comes due whenever the few
-    # unfrozen survivors grow by a quarter; collecting the young less often
-    # (10,000 allocations, not 700) took a worker's collections from ~1,500
-    # (0.85 s) to ~110 (0.6 s).
+    # unfrozen survivors grow by a quarter; collecting the young every
+    # 10,000 allocations rather than Python's default 700 cuts a worker's
+    # collections about tenfold.
     gc.set_threshold(10_000, 10, 10)
 
 

@@ -44,7 +44,7 @@ def _copy_plain(value: Any, storages: dict, depth: int) -> Any:
     """``copy.deepcopy(value)`` for immutable scalars, plain dense tensors and
     tuples/lists of them, or ``_SLOW``. ``Tensor.__deepcopy__`` goes through
     typed-storage wrappers and ``copy``'s memo in Python: three times the
-    cost, and drawn tensors were most of the copies (a copy per rank but one
+    cost, and drawn tensors are most of the copies (a copy per rank but one
     of every drawn value). Same result: each storage copied once per value
     (views drawn together stay views of one copy), offset, strides and
     ``requires_grad`` kept."""

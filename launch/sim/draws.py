@@ -75,10 +75,8 @@ class SharedDraws:
         self.real, self.context, self.timeout = real, context, timeout
         self.cond = threading.Condition()
         # Same lock, other waiters: only ranks replaying a draw wait for each
-        # new choice. Waking the copying ranks on every choice too (3 ranks x
-        # ~30 choices an example, each a futile wake-up and two thread
-        # switches) was most of the simulated suite's ~240 context switches
-        # per example.
+        # new choice: waking the copying ranks on every choice too would cost
+        # a futile wake-up and two thread switches per rank and choice.
         self.new_choice = threading.Condition(self.cond._lock)  # type: ignore[attr-defined]
         self.slots: list[_Slot] = []
         self.counts = [0] * n
@@ -142,7 +140,7 @@ class SharedDraws:
         # the draw on every rank was most of a simulated example's time (a
         # third of the GIL's at 4 ranks). A draw that waits for the other
         # ranks (a mesh makes groups with all of them) or takes long is
-        # replayed side by side as before, so nothing waits on itself.
+        # replayed side by side on every rank, so nothing waits on itself.
         # The turn is given up only for a real wait: the drawer usually ran
         # first and is done, and a needless hand-off costs two thread switches.
         with self.cond:

@@ -8,7 +8,7 @@ hands each example to every rank thread (``SimWorld.run``): the ranks get the
 same drawn values by construction, the engine's generation, shrinking and
 database work is done once instead of n times, and nothing the engines
 share (Python's ``random``, Hypothesis' caches) can make the ranks draw
-different examples, which is what broke an engine-per-thread design.
+different examples (an engine per rank thread would).
 
 The engine runs with the settings a real rank's engine gets (no deadline,
 no timing health checks, no ``explain`` phase), so a derandomized run draws

@@ -59,10 +59,10 @@ def _sim_join(self: Any, rank: int, data: Any) -> Any:
 
 # A finished ``Work`` holding ``data`` (the threaded group's ``ret_work``
 # without the Python ``Future`` subclass, whose ``__init__`` and
-# ``set_result`` wrappers were ~2.5 % of a simulated suite's CPU: every rank
-# of every collective makes one). Bound when the hook is installed: this
-# module loads with the plugin, before torch, and an import statement in
-# ``_sim_join`` cost ~0.7 us per call.
+# ``set_result`` wrappers cost a few percent of a simulated suite's CPU:
+# every rank of every collective makes one). Bound when the hook is
+# installed: this module loads with the plugin, before torch, and an import
+# statement in ``_sim_join`` would run on every call.
 _ret_work: list = []
 
 

@@ -52,33 +52,27 @@ class _Waiter:
 class _Turn:
     """Which rank thread runs: one at a time, until it waits for the others.
 
-    Every torch op gives up the GIL while its kernel runs. With all of a
-    world's ranks runnable (they are, between collectives: most examples
-    make one or two), each op handed the GIL to another rank, so the ranks
-    took turns op by op: ~1,150 futex calls and ~240 thread switches per
-    simulated example, a fifth of the suite's time in the kernel, and the
-    waiting threads spun on the machine's other core. The turn is held
-    while a rank runs Python and given up only where it waits for another
-    rank (a collective, a group's barrier, a shared draw, the end of its
-    task), so a rank runs until it needs the others, as a real rank does.
+    Every torch op gives up the GIL while its kernel runs, so runnable rank
+    threads would otherwise trade the GIL op by op (hundreds of thread
+    switches per example, the waiting threads spinning on another core).
+    The turn is held while a rank runs Python and given up only where it
+    waits for another rank (a collective, a group's barrier, a shared draw,
+    the end of its task), so a rank runs until it needs the others, as a
+    real rank does.
 
     The turn goes from hand to hand: ``give`` wakes exactly the next thread
     in line (first come, first served), and a thread whose wait for the
     other ranks ends (``unpark``: a collective done, a task posted) joins
-    the line without being woken. (A lock all waiters raced for woke every
-    rank at the end of a collective to find the turn taken: ~23 thread
-    switches and ~450 us of CPU per 4-rank all-reduce, against ~4.)
+    the line without being woken; waking every waiter to race for a lock
+    would cost several thread switches per rank and collective.
 
     A thread first in line that waits ``_TURN_WAIT_S`` while no thread gets
     the turn runs without it: a wait this module does not know of (a store
     read inside torch) costs that long at worst, never a hang. ``missed``
-    counts them. (A fixed limit instead let a 64-rank world's ranks, queued
-    behind each other, run without the turn ~2,000 times a suite.) Threads
-    further back check only every ``_LINE_POLL_S``: when every thread in line
-    checked every 50 ms, a 1,024-rank world's line woke 20,000 times a
-    second, starved the holder of the GIL, and so every thread in line saw
-    no hand-off and ran without the turn at once (a 1,024-rank S(0)->R took
-    45 s instead of 1 s).
+    counts them. Threads further back check only every ``_LINE_POLL_S``:
+    a long line polling often (1,024 ranks) would starve the holder of the
+    GIL, so that no thread would see a hand-off and all would run without
+    the turn.
     """
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Covers: tests/properties/conftest.py's per-property table (issue 27): ``-q``
+"""Covers: tests/properties/conftest.py's per-property table: ``-q``
 prints failures and pytest's summary only; the table is behind
 ``--property-summary``."""
 
