@@ -50,7 +50,7 @@ def relu_rule(call):  # wrong: keeps a Partial through relu
     return Sharding(inputs=(None,), outputs=(spec.placements,))
 
 test_scale = rule_test(torch.ops.userrepo.scale.default, world_size=4, max_examples=15)
-test_relu = rule_test(torch.ops.userrepo.relu.default, world_size=4, max_examples=60)
+test_relu = rule_test(torch.ops.userrepo.relu.default, world_size=4, max_examples=200)
 
 @pytest.mark.world_size(4)
 def test_fixture(dtensor_verify):
