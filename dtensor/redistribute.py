@@ -360,19 +360,13 @@ def _gather(local, step, global_shape, mesh_shape, coord, group) -> torch.Tensor
         pad_shape = list(local.shape)
         pad_shape[dim] = piece - local.shape[dim]
         local = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
-    # The padded pieces end to end, then their real rows: one index, the same
-    # on every rank (n narrows per rank were ~n^2 ops in a simulated world).
+    # The padded pieces end to end. Pieces are cut as torch.chunk cuts them
+    # (full pieces, then at most one short one, then empty ones), so the
+    # padding lies after the last real row: the real rows are the first
+    # ``length`` (one view, the same on every rank, traceable by compile).
     padded = _comm.all_gather_cat(local.movedim(dim, 0).contiguous(), group)
-    out = padded.index_select(0, _real_rows(length, n).to(padded.device))
+    out = padded.narrow(0, 0, length)
     return out.movedim(0, dim).contiguous() if dim else out
-
-
-@functools.lru_cache(maxsize=256)
-def _real_rows(length: int, n: int) -> torch.Tensor:
-    """Rows of ``n`` padded pieces laid end to end that hold the ``length`` real ones."""
-    piece = -(-length // n)
-    rows = [i * piece + j for i in range(n) for j in range(shard_range(length, n, i)[1])]
-    return torch.tensor(rows, dtype=torch.int64)
 
 
 def _slice(local, step, global_shape, mesh_shape, coord) -> torch.Tensor:
