@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -116,7 +117,16 @@ def test_foreach_norm_and_clip_grad_norm_of_every_order(n_ranks, world, impl, da
         dp = impl.from_blocks(torch.zeros_like(x), mesh, pps).requires_grad_(True)
         dp.grad = impl.from_blocks(x, mesh, ps)
         dparams.append(dp)
-    expected = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=p, foreach=True)
+    try:
+        expected = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=p,
+                                                  foreach=True)
+    except RuntimeError as e:
+        # Undefined on one device (the infinity norm of an empty member): the
+        # distributed call must refuse it too, on every rank.
+        with pytest.raises(RuntimeError):
+            torch.nn.utils.clip_grad_norm_(dparams, max_norm, norm_type=p, foreach=True)
+        assert "empty" in str(e), e
+        return
     total = torch.nn.utils.clip_grad_norm_(dparams, max_norm, norm_type=p, foreach=True)
     assert_matches_single_device(total, expected, **tol, msg=f"{what}: total norm")
     for i, (dp, sp) in enumerate(zip(dparams, params, strict=True)):
