@@ -28,6 +28,7 @@ collectives (only the ranks that ask take part, and nobody else waits).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from datetime import timedelta
@@ -243,15 +244,27 @@ def _after_seed() -> None:
     g.generation += 1
 
 
+# NOTE: our bookkeeping may itself reach torch's seeding functions (PyTorch's
+# LocalTensorMode wraps them and reads the generator's state): a hook that
+# re-enters on its own thread only calls through, never recurses.
+_in_hook = threading.local()
+
+
 def _wrap(fn, after=None, kind: str = ""):
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
-        if kind == "get":
-            _remember(out)
-        elif kind == "set":
-            _restore(args[0] if args else kwargs.get("new_state"))
-        else:
-            after()
+        if getattr(_in_hook, "on", False):
+            return out
+        _in_hook.on = True
+        try:
+            if kind == "get":
+                _remember(out)
+            elif kind == "set":
+                _restore(args[0] if args else kwargs.get("new_state"))
+            else:
+                after()
+        finally:
+            _in_hook.on = False
         return out
 
     wrapper.__wrapped__ = fn
