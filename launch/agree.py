@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
 from _pytest.reports import TestReport
 
 PHASES = ("setup", "call", "teardown")
@@ -121,8 +122,18 @@ def apply(decision: Decision | None, reports: list[TestReport],
         failing = i == stop
         out.append(make_report(nodeid, location, when,
                                "failed" if failing else "passed",
-                               decision.text if failing else None, base))
+                               shared_longrepr(decision, location) if failing else None, base))
     return out
+
+
+def shared_longrepr(decision: Decision, location: tuple) -> ReprExceptionInfo:
+    """The agreed failure as pytest's own failure type: the whole text in the
+    FAILURES section, ``decision.short`` as the crash line, so the short test
+    summary stays one line per test also where pytest prints crash messages
+    whole (``CI`` set, ``-vv``)."""
+    path, lineno = (str(location[0]), (location[1] or 0) + 1) if location else ("", 0)
+    return ReprExceptionInfo(reprtraceback=ReprTracebackNative([decision.text + "\n"]),
+                             reprcrash=ReprFileLocation(path, lineno, decision.short))
 
 
 def make_report(nodeid: str, location: tuple, when: str, outcome: str,
