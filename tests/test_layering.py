@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import re
 import subprocess
 import sys
 
+import _graph
 import pytest
+from _graph import find_cycle
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNTIME = [p for p in (ROOT / "dtensor").rglob("*.py") if "testing" not in p.parts]
@@ -87,82 +88,9 @@ def test_first_mesh_and_ops_import_neither_sympy_nor_dynamo(fresh_process) -> No
 
 
 # Import cycles -------------------------------------------------------------------
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _runtime_imports(tree: ast.AST):
-    """Import statements anywhere (functions included), except under
-    ``if TYPE_CHECKING:``, which never runs."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for branch in node.orelse for n in _runtime_imports(branch))
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        yield from _runtime_imports(node)
-
-
 def import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports (at any depth of the file).
-
-    ``from a import b`` is an edge to ``a.b`` where that is a module, else to
-    ``a``; a submodule's implicit import of its parent package is not an edge.
-    """
-    files = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        is_pkg = path.name == "__init__.py"
-        edges = set()
-        for node in _runtime_imports(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    anchor = name.split(".")
-                    anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                targets = [
-                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
-                    for a in node.names
-                ]
-            edges.update(t for t in targets if t in files and t != name)
-        graph[name] = edges
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as a path ``[a, b, ..., a]``, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(graph):
-        if start not in state and (found := visit(start)):
-            return found
-    return None
+    """Module -> the modules of ``package`` it imports (at any depth of the file)."""
+    return _graph.import_graph(_graph.module_files(ROOT, package))
 
 
 def test_find_cycle_names_the_loop() -> None:
@@ -206,24 +134,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def layer_of(module: str, layers=LAYERS) -> int | None:
     """The index in ``layers`` of a module of ``dtensor`` (None: in no layer)."""
-    parts = module.split(".")[1:]
-    path = "/".join(parts) + ".py" if parts else "__init__.py"
-    for i, (_, entries) in enumerate(layers):
-        for e in entries:
-            if path == e or (e.endswith("/") and parts and parts[0] + "/" == e):
-                return i
-    return None
+    return next(iter(_graph.layers_of(module, layers)), None)
 
 
 def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
-    """Each import that runs from a lower layer up to a higher one, as text."""
-    out = []
-    for a in sorted(graph):
-        for b in sorted(graph[a]):
-            la, lb = layer_of(a, layers), layer_of(b, layers)
-            if la is not None and lb is not None and lb > la:
-                out.append(f"{a} ({layers[la][0]}) imports {b} ({layers[lb][0]})")
-    return out
+    return _graph.upward_imports(graph, layers)
 
 
 def test_upward_imports_are_found() -> None:
@@ -251,15 +166,7 @@ def test_no_import_runs_up_the_layers() -> None:
 
 def _doc_layers() -> list[tuple[str, tuple[str, ...]]]:
     """The layer table of docs/architecture.md: (layer, files column's entries)."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
-            continue
-        rows.append((cells[0], tuple(re.findall(r"`([^`]+)`", cells[1]))))
-    return rows
+    return _graph.doc_layers(ROOT / "docs" / "architecture.md")
 
 
 def test_the_documented_layer_table_is_this_one() -> None:

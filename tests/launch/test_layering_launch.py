@@ -11,13 +11,20 @@ functions count: a lazy import that runs up, or closes a loop, is still one.
 
 from __future__ import annotations
 
-import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import _graph
+from _graph import (
+    ROOT,
+    doc_layers,
+    find_cycle,
+    import_graph,
+    module_files,
+    outside_imports,
+)
+
 PACKAGE = "launch"
 
 # Bottom to top; paths relative to launch/ ("pkg/": the package and all in it).
@@ -37,114 +44,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-# The import graph ---------------------------------------------------------------
 def _files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
-    out = {}
-    for p in (root / package).rglob("*.py"):
-        parts = list(p.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = p
-    return out
+    return module_files(root, package)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST):
-    """Import statements at any depth (functions too), except under
-    ``if TYPE_CHECKING:``, which never runs."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for b in node.orelse for n in _imports(b))
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        yield from _imports(node)
-
-
-def _targets(node: ast.AST, name: str, is_pkg: bool, files: dict) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    base = node.module or ""
-    if node.level:
-        anchor = name.split(".")
-        anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
-        base = ".".join([*anchor, base] if base else anchor)
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
-            for a in node.names]
-
-
-def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the modules of the package it imports. ``from a import b`` is
-    an edge to ``a.b`` where that is a module, else to ``a``; a submodule's
-    implicit import of its parent package is not an edge."""
-    graph = {}
-    for name, path in files.items():
-        is_pkg = path.name == "__init__.py"
-        edges = set()
-        for node in _imports(ast.parse(path.read_text())):
-            edges.update(t for t in _targets(node, name, is_pkg, files)
-                         if t in files and t != name)
-        graph[name] = edges
-    return graph
-
-
-def outside_imports(path: Path) -> set[str]:
-    """Top-level names of the absolute imports of one file (any depth)."""
-    out = set()
-    for node in _imports(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out.update(a.name.split(".")[0] for a in node.names)
-        elif node.module and not node.level:
-            out.add(node.module.split(".")[0])
-    return out
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as ``[a, b, ..., a]``, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(graph):
-        if start not in state and (found := visit(start)):
-            return found
-    return None
-
-
-# The layers -----------------------------------------------------------------------
 def layers_of(module: str, layers=LAYERS) -> list[int]:
-    """The indices in ``layers`` whose entries hold ``module`` (one, when right)."""
-    parts = module.split(".")[1:]
-    path = "/".join(parts) + ".py" if parts else "__init__.py"
-    return [i for i, (_, entries) in enumerate(layers) for e in entries
-            if path == e or (e.endswith("/") and parts and parts[0] + "/" == e)]
+    return _graph.layers_of(module, layers)
 
 
 def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
-    """Each import that runs from a lower layer up to a higher one, as text."""
-    out = []
-    for a in sorted(graph):
-        for b in sorted(graph[a]):
-            la, lb = layers_of(a, layers), layers_of(b, layers)
-            if len(la) == 1 and len(lb) == 1 and lb[0] > la[0]:
-                out.append(f"{a} ({layers[la[0]][0]}) imports {b} ({layers[lb[0]][0]})")
-    return out
+    return _graph.upward_imports(graph, layers)
 
 
 def test_the_checks_find_what_they_look_for() -> None:
@@ -211,22 +120,10 @@ def test_importing_every_launch_module_loads_no_dtensor() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def _doc_layers() -> list[tuple[str, tuple[str, ...]]]:
-    """The layer table of docs/test-service.md: (layer, modules column's entries)."""
-    text = (ROOT / "docs" / "test-service.md").read_text()
-    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
-            continue
-        rows.append((cells[0], tuple(re.findall(r"`([^`]+)`", cells[1]))))
-    return rows
-
-
 def test_the_documented_layer_table_is_this_one() -> None:
     want = [(name, tuple(sorted(es))) for name, es in LAYERS]
-    got = [(name, tuple(sorted(es))) for name, es in _doc_layers()]
+    got = [(name, tuple(sorted(es)))
+           for name, es in doc_layers(ROOT / "docs" / "test-service.md")]
     assert got == want, (
         "docs/test-service.md's layer table differs from LAYERS in "
         f"tests/launch/test_layering_launch.py:\n doc:    {got}\n LAYERS: {want}")
