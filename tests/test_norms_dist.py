@@ -174,7 +174,7 @@ def test_repeated_foreach_norm_of_shards_runs_from_the_fast_path(line_mesh, worl
     want = torch._foreach_norm(xs, 2.0)
     first = torch._foreach_norm(ds, 2.0)
     forms = [p.fast for k, p in TABLE.items() if k[0] == torch.ops.aten._foreach_norm.Scalar._op]
-    assert any(f is not None and f[0] == FAST_LOCAL for f in forms), forms
+    assert any(f is not None and f.kind == FAST_LOCAL for f in forms), forms
     runs = []
     real = general.run
     monkeypatch.setattr(general, "run", lambda *a: runs.append(1) or real(*a))
@@ -215,7 +215,7 @@ def test_an_op_that_reduces_its_partial_operand_runs_from_the_fast_path(line_mes
     first_r = torch.atan2(r, p)  # no placement of p survives atan2: reduced
     forms = [plan.fast for k, plan in TABLE.items() if k[0] in (
         torch.ops.aten.add.Tensor._op, torch.ops.aten.atan2.default._op)]
-    assert sum(f is not None and f[0] == FAST_MOVE for f in forms) == 2, forms
+    assert sum(f is not None and f.kind == FAST_MOVE for f in forms) == 2, forms
     runs = []
     real = general.run
     monkeypatch.setattr(general, "run", lambda *a: runs.append(1) or real(*a))

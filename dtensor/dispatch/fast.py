@@ -138,6 +138,7 @@ def dispatch(func, args, kwargs):
     hit = plan.fast
     if hit is None:
         return planned(func, args, kwargs or {}, plan)
+    # A ``form.Fast``: unpacked in one step (cheaper than seven field reads).
     kind, op, spec, shape, stride, dtype, extra = hit
     if kind == FAST_ONE:
         out = op(*loc, **kwargs) if kwargs else op(*loc)

@@ -1,8 +1,9 @@
 """The fast form of a plan: how a later call with the same key runs without
 taking the call apart, propagating or redistributing.
 
-A fast form is ``(kind, op, spec, shape, stride, dtype, extra)``; ``op`` is
-the quickest callable for the overload (``OpInfo.binding``). Kinds: ONE wraps
+A fast form is a ``Fast`` record (``kind, op, spec, shape, stride, dtype,
+extra``); ``op`` is the quickest callable for the overload
+(``OpInfo.binding``). Kinds: ONE wraps
 one result with ``spec`` (None: the first operand's spec object, handed
 over as is), SELF hands back the in-place operand, MANY wraps each tensor of
 a tuple or list with ``spec`` (a tuple of specs; ``extra``: the container
@@ -24,7 +25,7 @@ rank-independent as the key (see ``dtensor.dispatch.cache``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,9 +33,24 @@ from dtensor.dispatch.op import LIST, NONE, ONE, SELF, TUPLE, OpInfo
 from dtensor.redistribute import plan as plan_steps
 
 __all__ = ["FAST_LOCAL", "FAST_MANY", "FAST_MOVE", "FAST_NONE", "FAST_ONE", "FAST_SELF",
-           "fast_form"]
+           "Fast", "fast_form"]
 
 FAST_ONE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE, FAST_MOVE = range(6)
+
+
+class Fast(NamedTuple):
+    """How a later call with the same key runs (the module docstring says
+    what each kind reads). A tuple, so the fast path unpacks it in one step
+    instead of reading seven attributes."""
+
+    kind: int  # FAST_ONE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE or FAST_MOVE
+    op: Any = None  # the op's binding (LOCAL: None)
+    spec: Any = None  # the output spec (None: the first operand's); MANY: a tuple
+    shape: tuple | None = None  # ONE and MOVE: the output's global metadata
+    stride: tuple | None = None
+    dtype: torch.dtype | None = None
+    extra: Any = None  # LOCAL, MANY and MOVE: as the module docstring says
+
 
 # The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
 DTensor: Any = None
@@ -79,20 +95,20 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, out_specs=None):
         if not (returns == ONE or many):
             return None
         spec = None if same else out_specs[0] if returns == ONE else None
-        return (FAST_LOCAL, None, spec, None, None, None, (plan.local, mesh, out_specs))
+        return Fast(FAST_LOCAL, spec=spec, extra=(plan.local, mesh, out_specs))
     loc = [a._local_tensor if type(a) is DTensor else a for a in args]
     loc = [_locals(a) if type(a) in (list, tuple) else a for a in loc]
     op = info.binding(loc, kwargs)
     if returns == NONE:
-        return (FAST_NONE, op, None, None, None, None, None)
+        return Fast(FAST_NONE, op)
     if returns == SELF:
-        return (FAST_SELF, op, None, None, None, None, None) if first == 0 else None
+        return Fast(FAST_SELF, op) if first == 0 else None
     if returns == ONE:
         meta = out_specs[0].tensor_meta
         spec = None if same else out_specs[0]
-        return (FAST_ONE, op, spec, meta.shape, meta.stride, meta.dtype, None)
+        return Fast(FAST_ONE, op, spec, meta.shape, meta.stride, meta.dtype)
     if many:
-        return (FAST_MANY, op, out_specs, None, None, None, list if returns == LIST else tuple)
+        return Fast(FAST_MANY, op, out_specs, extra=list if returns == LIST else tuple)
     return None
 
 
@@ -143,5 +159,5 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict):
     meta = out.tensor_meta
     # As ONE: a result laid out like the first argument takes its spec object.
     spec = None if type(args[0]) is DTensor and out == args[0]._spec else out
-    return (FAST_MOVE, info.binding(loc, kwargs), spec, meta.shape, meta.stride, meta.dtype,
-            (mesh, tuple(moves)))
+    return Fast(FAST_MOVE, info.binding(loc, kwargs), spec, meta.shape, meta.stride,
+                meta.dtype, (mesh, tuple(moves)))

@@ -21,6 +21,7 @@ from dtensor.errors import UnsupportedOpError
 from dtensor.placement import replicated
 from dtensor.sharding import OpCall, Sharding
 from dtensor.spec import DTensorSpec, TensorMeta
+from dtensor.strided import unstrided
 
 __all__ = ["Plan", "propagate"]
 
@@ -39,7 +40,7 @@ class Plan:
     # Operands the op writes (in-place self, out=) that were redistributed:
     # their new values are moved back into the operand's own layout.
     write_back: tuple[int, ...] = ()
-    # How a later call with this key runs at once (``dtensor.dispatch.form``).
+    # How a later call with this key runs at once (``dtensor.dispatch.form.Fast``).
     fast: Any = None
 
 
@@ -58,17 +59,22 @@ def propagate(call: Call, info: OpInfo) -> Plan:
     )
     rule = info.rule
     sharding = None
+    # Rules know Shard/Replicate/Partial: StridedShard operands are offered
+    # with those axes replicated, and gathered to that layout.
+    asked = unstrided(specs)
     if rule is not None:
-        sharding = rule(OpCall(call.func, specs, call.key_args, dict(call.key_kwargs)))
+        sharding = rule(OpCall(call.func, asked, call.key_args, dict(call.key_kwargs)))
     if sharding is None:
         return _fallback(call, info, specs)
+    wants = sharding.inputs if asked is specs else tuple(
+        a.placements if w is None else w for a, w in zip(asked, sharding.inputs, strict=True))
     targets = tuple(
         None if want is None or tuple(want) == s.placements else s.with_placements(want)
-        for s, want in zip(specs, sharding.inputs, strict=True)
+        for s, want in zip(specs, wants, strict=True)
     )
     out_specs = ()
     if sharding.outputs:
-        out_specs = _output_specs(call, info, specs, sharding)
+        out_specs = _output_specs(call, info, asked, sharding)
         if out_specs is None:
             return _fallback(call, info, specs)
         if info.guard and sharding.local is None:
