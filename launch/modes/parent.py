@@ -88,8 +88,9 @@ class Parent:
         self.order: list[pytest.Item] = []
         self.index: dict[str, int] = {}
         c = config
+        self.xdist = hasattr(c, "workerinput")  # the scheduler picks this process's tests
         self.one_at_a_time = bool(c.getoption("maxfail", 0) or c.getoption("stepwise", False)
-                                  or hasattr(c, "workerinput"))
+                                  or self.xdist)
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         root = Path(config.getoption("dist_log_dir") or Path(config.rootpath) / ".launch-logs")
         self.log_dir = root / self.run_id
@@ -121,14 +122,15 @@ class Parent:
             return None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for rep in self._run(item, n):
+        for rep in self._run(item, n, nextitem):
             ihook.pytest_runtest_logreport(report=rep)
         # The item never set up here; finish what earlier local items left set up.
         item.session._setupstate.teardown_exact(nextitem)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _run(self, item: pytest.Item, n: int) -> list[Any]:
+    def _run(self, item: pytest.Item, n: int, nextitem: pytest.Item | None = None
+             ) -> list[Any]:
         from launch import agree
 
         if n in self.broken:
@@ -138,7 +140,7 @@ class Parent:
         if seq is None:
             if w is None or w.proc.poll() is not None:
                 w = self.worlds[n] = self._start(n)
-            seq = self._send(w, self._run_of(item, n))
+            seq = self._send(w, self._run_of(item, n), nextitem)
         timeout = _timeout(item, self.config.getoption("dist_timeout"))
         allowance = START_ALLOWANCE if w.answered == 0 else 0.0
         with w.lock:  # NOTE: the world may have started it earlier: a later, safe bound
@@ -153,7 +155,7 @@ class Parent:
         if (dead or data.get("fatal")) and not self._started(w):
             # A rank died before its test loop (importing, joining, collecting):
             # no test ran on every rank, so this is the world's fault, not the test's.
-            return self._start_failed(item, n, w, data)
+            return self._start_failed(item, n, w, data, nextitem)
         if dead:
             w.ahead.clear()
             end_world(w.proc, w.world_id, GRACE)
@@ -168,7 +170,8 @@ class Parent:
         decision = agree.decide(verdicts, tuple(range(n)))
         return agree.apply(decision, local, item.nodeid, item.location)
 
-    def _start_failed(self, item: pytest.Item, n: int, w: _World, data: dict[str, Any]) -> list[Any]:
+    def _start_failed(self, item: pytest.Item, n: int, w: _World, data: dict[str, Any],
+                      nextitem: pytest.Item | None) -> list[Any]:
         """End world ``w`` that died while starting; start it once more (then
         ``item`` runs there), else fail ``item`` and every later test of size n."""
         from launch import agree
@@ -179,7 +182,7 @@ class Parent:
         if n not in self.retried:
             self.retried[n] = text
             self.worlds[n] = self._start(n)
-            return self._run(item, n)
+            return self._run(item, n, nextitem)
         text = (f"{self.retried[n]}\n\nlaunch: started the {n}-rank world once more; it "
                 f"did not start either:\n{text}")
         self.broken[n] = text
@@ -197,15 +200,33 @@ class Parent:
             run.append(nxt)
         return run
 
-    def _send(self, w: _World, items: list[pytest.Item]) -> int:
+    def _send(self, w: _World, items: list[pytest.Item],
+              nextitem: pytest.Item | None) -> int:
         """Send ``items`` to world ``w`` as one command; returns the first's seq."""
         first = w.seq + 1
+        hints = [it.nodeid for it in items[1:]] + [self._hint(items[-1], nextitem)]
         w.store.set(f"cmd/{first}", json.dumps(
-            {"tests": [[it.nodeid, self.next_of.get(it.nodeid)] for it in items]}))
+            {"tests": [[it.nodeid, h] for it, h in zip(items, hints, strict=True)]}))
         for k, it in enumerate(items[1:], start=1):
             w.ahead[it.nodeid] = first + k
         w.seq = first + len(items) - 1
         return first
+
+    def _hint(self, item: pytest.Item, nextitem: pytest.Item | None) -> str | None:
+        """The test ``item``'s world runs after it: the ranks keep set up what the
+        two share (module, class) and tear down the rest after ``item``.
+
+        Plain pytest runs the collection in order: the next test of the size.
+        Under pytest-xdist the scheduler deals this process a share of a class
+        (any share, in any order), so only the worker's own next test is
+        known; when it needs another world, the ranks tear everything down
+        (a class set up again later rather than one left set up)."""
+        if not self.xdist:
+            return self.next_of.get(item.nodeid)
+        n = self.size_of.get(item.nodeid)
+        if nextitem is not None and n is not None and world_size_of(nextitem) == n:
+            return nextitem.nodeid
+        return None
 
     def _started(self, w: _World) -> bool:
         """Whether every rank of ``w`` got to its test loop (joined, collected)."""

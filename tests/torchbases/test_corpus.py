@@ -116,11 +116,7 @@ def test_the_bases_own_harness_gives_the_expected_verdicts(tmp_path: Path) -> No
 
 @slow
 @needs_own_worlds
-@pytest.mark.parametrize("mode", ["plain", pytest.param("xdist", marks=pytest.mark.xfail(
-    strict=False, reason="under -n 2 a world gets a worker's share of a class out of "
-    "collection order, while its next-item hint (Parent.next_of) assumes collection "
-    "order: a class fixture stays set up, 'previous item was not torn down properly'")),
-    "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "xdist", "torchrun"])
 def test_the_service_gives_the_same_verdicts(tmp_path: Path, mode: str) -> None:
     got, out = run_corpus(tmp_path, mode)
     _check(got, {k: v[1] for k, v in expected().items()}, out)
