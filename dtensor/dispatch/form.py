@@ -35,7 +35,8 @@ from dtensor.redistribute import plan as plan_steps
 __all__ = ["FAST_LOCAL", "FAST_MANY", "FAST_MOVE", "FAST_NONE", "FAST_ONE", "FAST_SELF",
            "Fast", "fast_form"]
 
-FAST_ONE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE, FAST_MOVE = range(6)
+# ONE and MOVE first: the fast path tells them from the rest with one ``<=``.
+FAST_ONE, FAST_MOVE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE = range(6)
 
 
 class Fast(NamedTuple):
@@ -43,13 +44,13 @@ class Fast(NamedTuple):
     what each kind reads). A tuple, so the fast path unpacks it in one step
     instead of reading seven attributes."""
 
-    kind: int  # FAST_ONE, FAST_SELF, FAST_MANY, FAST_LOCAL, FAST_NONE or FAST_MOVE
+    kind: int  # FAST_ONE, FAST_MOVE, FAST_SELF, FAST_MANY, FAST_LOCAL or FAST_NONE
     op: Any = None  # the op's binding (LOCAL: None)
     spec: Any = None  # the output spec (None: the first operand's); MANY: a tuple
     shape: tuple | None = None  # ONE and MOVE: the output's global metadata
     stride: tuple | None = None
     dtype: torch.dtype | None = None
-    extra: Any = None  # LOCAL, MANY and MOVE: as the module docstring says
+    extra: Any = None  # LOCAL, MANY, MOVE: as the module docstring says; ONE: None
 
 
 # The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).

@@ -1,7 +1,9 @@
 """Results of dispatch as DTensors: one local tensor and its spec make one.
 
 Dispatch sits below the DTensor class, so the class is handed over once
-(``dtensor.dispatch.serve``) instead of imported.
+(``dtensor.dispatch.serve``) instead of imported. ``wrap`` is the one way
+dispatch makes a DTensor, except on the fast path's most common kinds (one
+result), which inline it with the metadata their fast form keeps.
 """
 
 from __future__ import annotations
