@@ -101,7 +101,10 @@ def foreach_rule(call):
     lists = [col for col in lists if col]  # optional lists (max_exp_avg_sqs) may be empty
     if not lists or any(len(col) != len(lists[0]) for col in lists):
         return None
-    scaling = call.func.overloadpacket.__name__ in _SCALING_PACKETS
+    # Only a scalar or a shared (replicated) tensor scales: a second list's
+    # members would be moved to the Partial too, and pieces times pieces is
+    # not the product.
+    scaling = call.func.overloadpacket.__name__ in _SCALING_PACKETS and len(lists) == 1
     want: list = [None] * len(specs)
     outs, shapes = [], []
     for i in range(len(lists[0])):

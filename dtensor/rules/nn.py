@@ -318,12 +318,15 @@ def elementwise_loss_backward_rule(call):
     if x.shape != t.shape:
         return None
     reduction = bind(call)["reduction"]
-    if reduction == 0 and g.shape != x.shape:
+    # grad_output is 0-d (what autograd passes for 'sum'/'mean') or, as one
+    # device also accepts, self's shape: then it is element-wise like 'none'.
+    per_element = g.shape == x.shape
+    if g.shape and not per_element:
         return None
     shards = zip(x.placements, t.placements, g.placements, strict=True)
     want = tuple(
         p if isinstance(p, Shard) else q if isinstance(q, Shard)
-        else r if reduction == 0 and isinstance(r, Shard) else Replicate()
+        else r if per_element and isinstance(r, Shard) else Replicate()
         for p, q, r in shards
     )
     shape = (tuple(x.shape),)
@@ -333,7 +336,8 @@ def elementwise_loss_backward_rule(call):
     local = None
     if reduction == 1 and want != rep:
         local = _loss_mean_as_sum(math.prod(x.shape))
-    return Sharding((rep, want, want), (want,), local=local, shapes=shape)
+    g_want = want if per_element and g.shape else rep
+    return Sharding((g_want, want, want), (want,), local=local, shapes=shape)
 
 
 RULES: dict = {

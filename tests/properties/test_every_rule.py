@@ -155,15 +155,10 @@ def _dtensor_coverage():
 
 
 @pytest.mark.world_size(2)
-def test_mse_loss_backward_with_a_full_grad_output_under_mean(world, impl, request):
+def test_mse_loss_backward_with_a_full_grad_output_under_mean(world, impl):
     """Found by the schema-drawn property (``reduction=1`` with a grad_output
-    of self's shape; autograd passes a 0-d one, so the schema calls now use
-    ``reduction=0`` for loss backwards)."""
-    if impl.name == "dtensor":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "runtime bug: the mse_loss_backward rule claims S(0) for the gradient but "
-            "each rank computes it from the full replicated grad_output and self, so "
-            "every rank holds the whole (4, 4) block")))
+    of self's shape; autograd passes a 0-d one): the gradient is element-wise
+    in grad_output then, so each rank's block uses grad_output's block."""
     from dtensor.testing import MeshLayout
 
     mesh = impl.mesh(MeshLayout((2,), (0, 1)))

@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtensor.placement import Replicate
+from dtensor.placement import REDUCE_OPS, Partial, Replicate
 from dtensor.testing import assert_matches_single_device, mesh_layouts, placements, tensors
 from dtensor.testing.impl import exact_split
 from dtensor.testing.strategies import tensor_shapes
@@ -69,10 +69,6 @@ _ADDS = tuple(c for c in CASES if c.name.startswith(("_foreach_add", "_foreach_l
                                                       "_foreach_addc", "_foreach_clamp")))
 
 
-# Known runtime bug (strict xfail below): a Partial(sum) member times a list
-# member. The property draws no Partial first-list members for these cases.
-_PARTIAL_TIMES_LIST = {"_foreach_mul_(List)"}
-
 
 def _member(data, layout, impl, shape, dtype, label, allow_partial=True):
     x = data.draw(tensors(shape=shape, dtype=dtype, fills=("arange", "small", "normal")),
@@ -95,10 +91,37 @@ def test_foreach_on_partial_members_matches_single_device(n_ranks, world, impl, 
     dtype = data.draw(st.sampled_from(_DT), label="dtype")
     k = data.draw(st.integers(1, 3), label="list length")
     shapes = [data.draw(tensor_shapes(max_dims=2), label=f"shape {i}") for i in range(k)]
+    members = [_member(data, layout, impl, s, dtype, f"x{i}") for i, s in enumerate(shapes)]
+    _check_case(data, impl, layout, case, members, dtype)
+
+
+# Every case meets every Partial kind in each example: drawn over the cases,
+# one in ~7 placements per mesh axis is a given Partial kind, so a bug that
+# shows only for one (case, kind) pair (an add that keeps Partial(sum)) was
+# drawn in too few of the main job's examples to be seen.
+@settings(max_examples=max(2, settings.default.max_examples // 8))
+@given(data=st.data())
+def test_every_foreach_case_on_every_partial_kind(n_ranks, world, impl, data):
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    dtype = data.draw(st.sampled_from(_DT), label="dtype")
+    shapes = [data.draw(tensor_shapes(max_dims=2), label=f"shape {i}") for i in range(2)]
+    # The Partial goes on the widest mesh axis (a size-1 axis shows nothing).
+    axis = max(range(layout.ndim), key=lambda a: layout.shape[a])
+    for op in REDUCE_OPS:
+        for case in CASES:
+            members = [_member(data, layout, impl, s, dtype, f"x{i}",
+                               allow_partial=False) for i, s in enumerate(shapes)]
+            x0, ps0 = members[0]
+            ps0 = tuple(Partial(op) if a == axis else q for a, q in enumerate(ps0))
+            _check_case(data, impl, layout, case, [(x0, ps0), *members[1:]], dtype)
+
+
+def _check_case(data, impl, layout, case, members, dtype):
+    """Run ``case`` on the members (``(tensor, placements)``) with drawn
+    operands, on DTensors and on one device; compare every result."""
     mesh = impl.mesh(layout)
-    members = [_member(data, layout, impl, s, dtype, f"x{i}",
-                       allow_partial=case.name not in _PARTIAL_TIMES_LIST)
-               for i, s in enumerate(shapes)]
+    shapes = [tuple(x.shape) for x, _ in members]
+    k = len(members)
     xs = [x for x, _ in members]
     exact = all(exact_split(x) for x in xs)
 
@@ -139,15 +162,10 @@ def test_foreach_on_partial_members_matches_single_device(n_ranks, world, impl, 
 
 
 @pytest.mark.world_size(2)
-def test_foreach_mul_of_a_partial_sum_member_by_a_replicated_member(world, impl, request):
-    """Minimal repro found by the property above (the ``_foreach_mul_(List)``
-    case draws no Partial first-list members until it is fixed)."""
-    if impl.name == "dtensor":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "runtime bug: foreach_rule treats _foreach_mul_.List as scaling by a "
-            "scalar, keeps x's Partial(sum) and moves the replicated y to Partial(sum) "
-            "too, so each rank multiplies pieces: sum_r x_r*y_r, not x*y")))
-    from dtensor.placement import Partial
+def test_foreach_mul_of_a_partial_sum_member_by_a_replicated_member(world, impl):
+    """Found by the property above: a list times a list is not a scaling, so a
+    Partial(sum) member is reduced first (each rank multiplying its pieces
+    would give sum_r x_r*y_r, not x*y)."""
     from dtensor.testing import MeshLayout
 
     mesh = impl.mesh(MeshLayout((2,), (0, 1)))
