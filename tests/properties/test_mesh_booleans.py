@@ -16,6 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dtensor.placement import Shard
 from dtensor.testing import mesh_layouts, placements, tensors
 from dtensor.testing.strategies import tensor_shapes
 
@@ -42,6 +43,32 @@ def test_mesh_wide_booleans_see_one_rank_differ(n_ranks, world, impl, data):
                           dtype=torch.float32, fills=("arange", "small")), label="x")
     ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=x.ndim,
                               mixed_reduce_ops=impl.mixed_partials), label="placements")
+    _check_one_element_differs(world, impl, data, layout, x, ps)
+
+
+def _later_wide_axis(layout) -> bool:
+    return any(n > 1 for n in layout.shape[1:])
+
+
+# Drawn placements seldom shard on a later mesh axis of size > 1 without a
+# Partial (which makes the ops replicate first), yet only there does a block
+# differ between ranks that agree on mesh axis 0: a reduction over the first
+# axis alone answers differently on different ranks. This draws that case.
+@given(data=st.data())
+def test_mesh_wide_booleans_see_a_block_on_a_later_axis_differ(n_ranks, world, impl, data):
+    layout = data.draw(mesh_layouts(world_size=world.size, min_ndim=2).filter(
+        _later_wide_axis), label="layout")
+    x = data.draw(tensors(shape=tensor_shapes(min_dims=1, min_side=1, max_side=5),
+                          dtype=torch.float32, fills=("arange", "small")), label="x")
+    ps = list(data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=x.ndim,
+                                   allow_partial=False), label="placements"))
+    wide = [a for a in range(1, layout.ndim) if layout.shape[a] > 1]
+    axis = data.draw(st.sampled_from(wide), label="sharded later axis")
+    ps[axis] = Shard(data.draw(st.integers(0, x.ndim - 1), label="its tensor dim"))
+    _check_one_element_differs(world, impl, data, layout, x, tuple(ps))
+
+
+def _check_one_element_differs(world, impl, data, layout, x, ps):
     flat = data.draw(st.integers(0, x.numel() - 1), label="element")
     y = x.clone()
     y.view(-1)[flat] += data.draw(st.sampled_from((1.0, -3.0, 0.5)), label="by")
