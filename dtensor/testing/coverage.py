@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["DEFAULT_DIR", "RECORD", "admitted", "dump", "install", "kinds_of", "load",
-           "missing", "main"]
+           "missing", "main", "reason"]
 
 DEFAULT_DIR = Path("build") / "rule-coverage"
 PARTIAL_KINDS = ("P(sum)", "P(avg)", "P(max)", "P(min)")
@@ -46,7 +46,38 @@ RECORD: dict[str, set[str]] = {}
 REASONS = {
     "outsider": "drawn by test_outsiders.py for its op families only",
     "mesh3d": "3-D meshes need 4+ ranks with a size-1 axis; drawn rarely",
+    "mesh2d": "the schema sweep is 1-D; the schema-drawn property draws one op per "
+    "example, so an op meets few meshes",
+    "mesh1d": "the op's properties draw meshes over the world; no 1-D one drawn",
+    "empty": "the schema calls' sides are 4 (schema_calls._N): a block is empty only "
+    "under nested shards; the op-family properties draw sides 0-5 for their ops",
+    "uneven": "sides of 4 split evenly over 2- and 4-rank axes; the op-family "
+    "properties draw sides 0-5 for their ops",
+    "even": "no even split drawn for this op",
+    "alias": "one tensor passed twice: drawn by the alias-family and foreach "
+    "properties for their ops only",
+    "plain-other-dtype": "plain operands of another dtype: test_caches.py draws them "
+    "for its ops only; the schema calls pass DTensors",
 }
+#: Reasons for kinds named per operand or keyword (prefix or suffix match).
+_PATTERN_REASONS = (
+    ("kwarg:", "the schema calls leave keyword-only arguments at their defaults"),
+    (":P(", "the schema-drawn property draws Partial for floating operands only, one "
+     "op per example (4x the profile's examples over every overload); the fuzz "
+     "profile draws more"),
+    (":", "placements per operand: one op per example in the schema-drawn property; "
+     "the fuzz profile draws more"),
+)
+
+
+def reason(kind: str) -> str:
+    """Why the main job may leave ``kind`` out (every missing kind has one)."""
+    if kind in REASONS:
+        return REASONS[kind]
+    for pattern, why in _PATTERN_REASONS:
+        if pattern in kind:
+            return why
+    return "not drawn in this run"
 
 
 def _pstr(p) -> str:
@@ -116,12 +147,25 @@ def install() -> None:
     general.propagate = propagate
 
 
-def dump(directory: Path | str = DEFAULT_DIR, name: str | None = None) -> Path:
-    """Write ``RECORD`` as ``<directory>/<name>.json`` (default: the rank)."""
+def dump(directory: Path | str = DEFAULT_DIR, name: str | None = None,
+         run: str | None = None) -> Path:
+    """Write ``RECORD`` as ``<directory>/<name>.json`` (default: the rank).
+
+    Rank 0 also writes ``run`` (the command line) to ``run.txt`` and removes
+    the records of ranks a larger earlier world left behind, so the table is
+    one run's."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if name is None:
-        name = f"rank{os.environ.get('RANK', '0')}"
+        rank = int(os.environ.get("RANK", "0"))
+        name = f"rank{rank}"
+        if rank == 0:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            for old in directory.glob("rank*.json"):
+                if old.stem[4:].isdigit() and int(old.stem[4:]) >= world:
+                    old.unlink(missing_ok=True)
+            if run is not None:
+                (directory / "run.txt").write_text(run + "\n")
     path = directory / f"{name}.json"
     path.write_text(json.dumps({k: sorted(v) for k, v in sorted(RECORD.items())}))
     return path
@@ -169,6 +213,14 @@ def _rows(record: dict[str, set[str]]):
             yield key, func, record.get(str(func))
 
 
+def _by_reason(kinds):
+    """``(reason, kinds)`` groups, in the order the kinds sort."""
+    groups: dict[str, list[str]] = {}
+    for k in kinds:
+        groups.setdefault(reason(k), []).append(k)
+    return list(groups.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Input kinds per registered rule, from the "
                                              "last property-suite run.")
@@ -179,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     if not record:
         print(f"no records under {args.dir}: run the property suite first", file=sys.stderr)
         return 2
+    run = Path(args.dir) / "run.txt"
+    if run.exists():
+        print(f"records of: {run.read_text().strip()}\n")
     no_entry = []
     for key, func, seen in _rows(record):
         if seen is None:
@@ -191,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.missing:
             print(f"    seen:    {' '.join(sorted(seen))}")
         if miss:
-            why = [f"{k} ({REASONS[k]})" if k in REASONS else k for k in miss]
-            print(f"    missing: {' '.join(why)}")
+            print("    missing:")
+            for why, kinds in _by_reason(miss):
+                print(f"      {' '.join(kinds)}: {why}")
     packets = {}
     for key, func, seen in _rows(record):
         packets.setdefault(str(key), []).append(seen is not None)

@@ -87,8 +87,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     from dtensor.testing import coverage
 
-    if coverage.RECORD:
-        coverage.dump(session.config.rootpath / coverage.DEFAULT_DIR)
+    if coverage.RECORD and not os.environ.get(MUTANT_ENV):  # a mutant's run is no record
+        run = " ".join(["pytest", *session.config.invocation_params.args])
+        coverage.dump(session.config.rootpath / coverage.DEFAULT_DIR, run=run)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
