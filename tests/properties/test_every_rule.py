@@ -37,6 +37,18 @@ NO_SCHEMA_CALL = {
     "aten.avg_pool3d.default": "5-D input with a 3-D kernel",
 }
 _TOL = {"rtol": 1e-4, "atol": 1e-4}
+#: Ops the sweep leaves out on worlds of more than 4 ranks (4 rows over 16
+#: ranks leave 12 blocks empty), each with the reason.
+_ABOVE_4_RANKS = {
+    # PyTorch's CPU kernel checks no shapes: a (0, 4) grad block with a (1, 4)
+    # output block kills the process with SIGFPE
+    # (tools/log_softmax_backward_sigfpe.py); the sweep met such a pair there.
+    "aten._log_softmax_backward_data.default": "SIGFPE in PyTorch's CPU kernel",
+    # runtime bug, pinned by the strict xfail
+    # test_pooling_an_unbatched_input_with_an_empty_channel_block
+    "aten.avg_pool2d.default": "empty channel block of a 3-D input",
+    "aten.max_pool2d_with_indices.default": "empty channel block of a 3-D input",
+}
 
 
 def _calls():
@@ -86,18 +98,15 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
     from dtensor.rules import RULES
     from dtensor.testing import MeshLayout, coverage
 
-    if world.size > 4:
-        # NOTE: on a 1-D mesh of 16 or more ranks some rank's empty block
-        # reaches PyTorch's CPU log_softmax backward kernel in a form that
-        # kills the process with SIGFPE (seen under --dist-sim; not yet
-        # reduced to a plain-torch repro). The rest of the suite covers these
-        # sizes; this table-wide sweep runs on 2- and 4-rank worlds.
-        pytest.skip("the schema sweep runs on worlds of <= 4 ranks: a PyTorch CPU "
-                    "kernel crashes (SIGFPE) on a block drawn at >= 16 ranks")
-
+    # Above 4 ranks most blocks of the 4-row operands are empty: the ops that
+    # fail there for a reason outside the rule under test are left out
+    # (_ABOVE_4_RANKS says why); 2- and 4-rank worlds run every op.
+    skip = set(_ABOVE_4_RANKS) if world.size > 4 else set()
     mesh = impl.mesh(MeshLayout((world.size,), tuple(range(world.size))))
     errors = []
     for func, call in _calls():
+        if str(func) in skip:
+            continue
         plain = example_tensors(call)
         ps = [(Shard(0),) if i == 0 and t.ndim and t.dtype.is_floating_point
               else (Replicate(),) for i, t in enumerate(plain)]
@@ -113,7 +122,8 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
         return
     no_entry = [str(key) for key in RULES
                 if not any(str(f) in coverage.RECORD for f in overloads(key))
-                and not all(str(f) in NO_SCHEMA_CALL for f in overloads(key))]
+                and not all(str(f) in NO_SCHEMA_CALL or str(f) in skip
+                            for f in overloads(key))]
     assert not no_entry, (
         f"rank {world.rank}: registered rules with no coverage entry after their "
         f"schema calls ran: {no_entry} (dispatch never asked the rule)")
@@ -167,3 +177,25 @@ def test_mse_loss_backward_with_a_full_grad_output_under_mean(world, impl):
     out = op(impl.from_blocks(g, mesh, (Replicate(),)), impl.from_blocks(x, mesh, (Replicate(),)),
              impl.from_blocks(t, mesh, (Shard(0),)), 1)
     assert_matches_single_device(out, op(g, x, t, 1), msg="mse_loss_backward(R, R, S(0), mean)")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("op", ["avg_pool2d", "max_pool2d_with_indices"])
+def test_pooling_an_unbatched_input_with_an_empty_channel_block(world, impl, request, op):
+    """Found by the schema sweep on a 16-rank world: PyTorch refuses a 3-D
+    (unbatched) pooling input with 0 channels, and the pooling rule keeps a
+    channel shard that leaves a rank's block empty."""
+    if impl.name == "dtensor":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "runtime bug: pooling_rule keeps Shard(0) of a (C, H, W) input where "
+            "a rank's channel block is empty; the kernel raises on that rank")))
+    from dtensor.testing import MeshLayout
+
+    mesh = impl.mesh(MeshLayout((2,), (0, 1)))
+    x = torch.arange(16.0).reshape(1, 4, 4)
+    fn = getattr(torch.ops.aten, op).default
+    out = fn(impl.from_blocks(x, mesh, (Shard(0),)), [2, 2])
+    expected = fn(x, [2, 2])
+    if isinstance(out, (tuple, list)):
+        out, expected = out[0], expected[0]
+    assert_matches_single_device(out, expected, msg=f"{op} of (1, 4, 4) as S(0)")
