@@ -9,11 +9,14 @@ one line per case: ``ok``, the error a shape check raised, or the signal.
 
     python tools/log_softmax_backward_sigfpe.py
 
-torch 2.13.0 CPU: equal shapes (empty ones included) are ``ok``; the
-``(0, 4)`` grad with a ``(1, 4)`` output along dim 0 dies with SIGFPE.
-A distributed caller meets this when the two operands' local blocks
-differ, which is how the schema sweep (tests/properties/test_every_rule.py)
-died on a 16-rank simulated world.
+torch 2.13.0 CPU: equal shapes (empty ones included) are ``ok``; an empty
+``(0, 4)`` grad with a ``(1, 4)`` or ``(4, 4)`` output along dim 0 dies with
+SIGFPE. The runtime meets it in ``dtensor.dispatch.binding.probe_binding``,
+which runs the op once on zero tensors of each operand's own local block
+shape before redistribution: for the schema sweep's call (grad ``Shard(0)``
+of 4 rows, output replicated) on a 16-rank world, ranks 4-15 hold a
+``(0, 4)`` grad block beside the ``(4, 4)`` output, and the probe kills the
+process (tests/properties/test_every_rule.py leaves the op out above 4 ranks).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ CASES = (  # (grad_output shape, output shape, dim)
     ((1, 4), (1, 4), 0),
     ((4, 0), (4, 0), 0),
     ((0, 4), (1, 4), 0),
+    ((0, 4), (4, 4), 0),
     ((1, 4), (0, 4), 0),
 )
 
