@@ -247,7 +247,8 @@ def _both(func, *args, **kwargs):
     key_args = tuple(tuple(a) if isinstance(a, list) else a for a in args_with_specs)
     sharding = rule_for_tags(func)(OpCall(func, specs, key_args, kwargs))
     assert sharding is not None and sharding.shapes is not None, func
-    return shape_metas(call, specs, sharding.shapes, sharding.any_strides), infer_meta(call, specs)
+    metas = shape_metas(call, record(func), specs, sharding.shapes, sharding.any_strides)
+    return metas, infer_meta(call, specs)
 
 
 def _t(*shape, dtype=torch.float32):
@@ -333,7 +334,7 @@ def test_shape_math_steps_aside_where_it_could_be_wrong(func, args) -> None:
     sharding = rule_for_tags(func)(OpCall(func, specs, specs, {}))
     if sharding is None or sharding.shapes is None:
         return
-    assert shape_metas(call, specs, sharding.shapes, sharding.any_strides) is None
+    assert shape_metas(call, record(func), specs, sharding.shapes, sharding.any_strides) is None
 
 
 INPLACE_CASES = [
@@ -350,7 +351,7 @@ INPLACE_CASES = [
 @pytest.mark.parametrize(("func", "args", "kwargs"), INPLACE_CASES, ids=lambda v: str(v)[:40])
 def test_inplace_results_take_self_metadata_as_the_meta_kernel_does(func, args, kwargs) -> None:
     call, specs = _call(func, args, kwargs)
-    fast = inplace_metas(call, specs)
+    fast = inplace_metas(record(func), specs)
     assert fast is not None, "the in-place path did not apply"
     assert fast == infer_meta(call, specs)
 
@@ -364,8 +365,8 @@ def test_inplace_results_take_self_metadata_as_the_meta_kernel_does(func, args, 
     ],
 )
 def test_only_ops_that_write_and_return_self_take_its_metadata(func, args, kwargs) -> None:
-    call, specs = _call(func, args, kwargs)
-    assert inplace_metas(call, specs) is None
+    _, specs = _call(func, args, kwargs)
+    assert inplace_metas(record(func), specs) is None
 
 
 def test_host_probes_skip_random_ops_and_traces() -> None:
@@ -375,12 +376,12 @@ def test_host_probes_skip_random_ops_and_traces() -> None:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    assert host_probe_ok(aten.add.Tensor)
+    assert host_probe_ok(record(aten.add.Tensor))
     # A probe must not draw from a generator, nor run under a tracing mode.
-    assert not host_probe_ok(aten.bernoulli.p)
-    assert not host_probe_ok(aten.native_dropout.default)
+    assert not host_probe_ok(record(aten.bernoulli.p))
+    assert not host_probe_ok(record(aten.native_dropout.default))
     with Passthrough():
-        assert not host_probe_ok(aten.add.Tensor)
+        assert not host_probe_ok(record(aten.add.Tensor))
 
 
 def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:

@@ -17,48 +17,48 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.dispatch.cache import record
 from dtensor.dispatch.call import SCALAR_TYPES, Call, PlainKey, tensor_leaves
-from dtensor.dispatch.op import SELF
+from dtensor.dispatch.op import SELF, OpInfo
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
 __all__ = ["host_probe_ok", "infer_meta", "inplace_metas", "meta_tensor", "shape_metas"]
 
 
-def host_probe_ok(func) -> bool:
-    """Whether ``func`` may run on tiny CPU tensors to learn its result types.
+def host_probe_ok(info: OpInfo) -> bool:
+    """Whether the op of record ``info`` may run on tiny CPU tensors to learn
+    its result types.
 
     Only ATen ops that draw no random numbers (a probe must not advance a
     generator; the op's record says) and only outside tracing (under a fake
     or proxy mode every tensor made here would belong to the trace).
     """
-    return record(func).host_probe and not torch._C._len_torch_dispatch_stack()
+    return info.host_probe and not torch._C._len_torch_dispatch_stack()
 
 
-def inplace_metas(call: Call, specs) -> tuple[TensorMeta] | None:
-    """``(self's metadata,)`` for an op that writes ``self`` and returns it.
+def inplace_metas(info: OpInfo, specs) -> tuple[TensorMeta] | None:
+    """``(self's metadata,)`` for an op that writes ``self`` and returns it
+    (``info``: the op's record).
 
     Ops that change ``self``'s shape or strides in place never get here
     (dispatch refuses them), so the result's global metadata is ``self``'s.
     """
-    if record(call.func).returns != SELF or not specs:
+    if info.returns != SELF or not specs:
         return None
     return (specs[0].tensor_meta,)
 
 
-def shape_metas(call: Call, specs, shapes, any_strides: bool = False
+def shape_metas(call: Call, info: OpInfo, specs, shapes, any_strides: bool = False
                 ) -> tuple[TensorMeta, ...] | None:
     """Output metadata from a rule's global ``shapes``, or None.
 
     Applies when the op is functional and every operand is contiguous and
     non-empty: then outputs are contiguous (checked once on the probe). Dtypes
     come from the op run once on small tensors (every dim 2), kept in the op's
-    record per signature (operand dtypes and ranks, other arguments with types).
-    ``specs``: the operands' specs (plain operands as replicated).
+    record ``info`` per signature (operand dtypes and ranks, other arguments
+    with types). ``specs``: the operands' specs (plain operands as replicated).
     ``any_strides``: the rule vouches that outputs are contiguous whatever
     the operands' strides (``Sharding.any_strides``).
     """
-    info = record(call.func)
     if not info.functional:
         return None
     for s in specs:
@@ -77,7 +77,7 @@ def shape_metas(call: Call, specs, shapes, any_strides: bool = False
         return None
     if dtypes is False:
         # Kept in the op's record: one entry per dtype signature, not per shape.
-        dtypes = info.dtypes[pkey] = _probe(call, specs, shapes)
+        dtypes = info.dtypes[pkey] = _probe(call, info, specs, shapes)
     if dtypes is None:
         return None
     return tuple(
@@ -102,12 +102,12 @@ def _probe_sig(x):
     return (t, x)
 
 
-def _probe(call: Call, specs, shapes):
+def _probe(call: Call, info: OpInfo, specs, shapes):
     """Result dtypes of the op on tensors whose dims are all 2, if its results
     are contiguous and as many (and of the same ranks) as ``shapes``: on CPU
     where ``host_probe_ok``, else (or if the CPU kernel refuses) on meta."""
     leaves = None
-    if host_probe_ok(call.func):
+    if host_probe_ok(info):
         # Zeros, not garbage: index-like operands must be valid indices.
         small = [torch.zeros((2,) * s.ndim, dtype=s.dtype, device="cpu") for s in specs]
         try:

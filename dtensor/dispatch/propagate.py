@@ -99,9 +99,9 @@ def _fallback(call: Call, info: OpInfo, specs) -> Plan:
 def _output_specs(call: Call, info: OpInfo, specs, sharding: Sharding):
     """One spec per tensor output, or None where no metadata can be had."""
     func = call.func
-    metas = inplace_metas(call, specs)
+    metas = inplace_metas(info, specs)
     if metas is None and sharding.shapes is not None:
-        metas = shape_metas(call, specs, sharding.shapes, sharding.any_strides)
+        metas = shape_metas(call, info, specs, sharding.shapes, sharding.any_strides)
     if metas is None:
         try:
             metas = infer_meta(call, specs)
