@@ -18,7 +18,7 @@ import torch.distributed as dist
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, implicit_replication
 from dtensor.dispatch.cache import TABLE, forget, record
 from dtensor.dispatch.call import Call
-from dtensor.dispatch.meta import host_probe_ok, infer_meta, inplace_metas, shape_metas
+from dtensor.dispatch.meta import infer_meta, inplace_metas, shape_metas
 from dtensor.rules import rule_for_tags
 from dtensor.sharding import OpCall
 from dtensor.spec import DTensorSpec, TensorMeta
@@ -376,12 +376,12 @@ def test_host_probes_skip_random_ops_and_traces() -> None:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    assert host_probe_ok(record(aten.add.Tensor))
+    assert record(aten.add.Tensor).host_probe_ok()
     # A probe must not draw from a generator, nor run under a tracing mode.
-    assert not host_probe_ok(record(aten.bernoulli.p))
-    assert not host_probe_ok(record(aten.native_dropout.default))
+    assert not record(aten.bernoulli.p).host_probe_ok()
+    assert not record(aten.native_dropout.default).host_probe_ok()
     with Passthrough():
-        assert not host_probe_ok(record(aten.add.Tensor))
+        assert not record(aten.add.Tensor).host_probe_ok()
 
 
 def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:

@@ -7,10 +7,11 @@ a probe of the op on tiny tensors, cached per dtype signature
 (``infer_meta``), which works for any op with a meta kernel but costs far
 more.
 
-The probe runs on tiny host tensors where that is safe (``host_probe_ok``):
-many meta kernels are Python reference implementations (``addcmul``,
-``pow``, ``lerp``: ~0.5-1 ms a call), while the CPU kernel of a 2x2 op costs
-microseconds, and a first training step meets dozens of new signatures.
+The probe runs on tiny host tensors where that is safe
+(``OpInfo.host_probe_ok``): many meta kernels are Python reference
+implementations (``addcmul``, ``pow``, ``lerp``: ~0.5-1 ms a call), while the
+CPU kernel of a 2x2 op costs microseconds, and a first training step meets
+dozens of new signatures.
 """
 
 from __future__ import annotations
@@ -21,18 +22,7 @@ from dtensor.dispatch.call import SCALAR_TYPES, Call, PlainKey, tensor_leaves
 from dtensor.dispatch.op import SELF, OpInfo
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
 
-__all__ = ["host_probe_ok", "infer_meta", "inplace_metas", "meta_tensor", "shape_metas"]
-
-
-def host_probe_ok(info: OpInfo) -> bool:
-    """Whether the op of record ``info`` may run on tiny CPU tensors to learn
-    its result types.
-
-    Only ATen ops that draw no random numbers (a probe must not advance a
-    generator; the op's record says) and only outside tracing (under a fake
-    or proxy mode every tensor made here would belong to the trace).
-    """
-    return info.host_probe and not torch._C._len_torch_dispatch_stack()
+__all__ = ["infer_meta", "inplace_metas", "meta_tensor", "shape_metas"]
 
 
 def inplace_metas(info: OpInfo, specs) -> tuple[TensorMeta] | None:
@@ -105,9 +95,9 @@ def _probe_sig(x):
 def _probe(call: Call, info: OpInfo, specs, shapes):
     """Result dtypes of the op on tensors whose dims are all 2, if its results
     are contiguous and as many (and of the same ranks) as ``shapes``: on CPU
-    where ``host_probe_ok``, else (or if the CPU kernel refuses) on meta."""
+    where ``info.host_probe_ok()``, else (or if the CPU kernel refuses) on meta."""
     leaves = None
-    if host_probe_ok(info):
+    if info.host_probe_ok():
         # Zeros, not garbage: index-like operands must be valid indices.
         small = [torch.zeros((2,) * s.ndim, dtype=s.dtype, device="cpu") for s in specs]
         try:

@@ -25,7 +25,7 @@ from dtensor.dispatch.random_ops import HANDLERS
 from dtensor.rules import rule_for
 from dtensor.sharding import registered_rule, writes_self
 
-__all__ = ["OpInfo", "describe"]
+__all__ = ["OpInfo", "describe", "may_probe"]
 
 aten = torch.ops.aten
 
@@ -51,6 +51,14 @@ _SPEC_ALIASING = {aten.detach.default, aten.alias.default}
 _RESIZING = {aten.resize_.default, aten.set_.source_Tensor, aten.set_.default}
 
 
+def may_probe() -> bool:
+    """Whether dispatch may run ops on tensors of its own making now (the
+    binding probe, the dtype probe): not under a dispatch mode (a fake or
+    proxy mode while tracing), where every tensor made here would belong to
+    the trace."""
+    return not torch._C._len_torch_dispatch_stack()
+
+
 @dataclass(eq=False, slots=True)
 class OpInfo:
     """What dispatch knows about one op overload (see the module docstring)."""
@@ -69,12 +77,18 @@ class OpInfo:
     dtypes: dict = field(default_factory=dict)  # probe signature -> result dtypes
     logged: bool = False  # the replicate fallback was logged for this op
 
+    def host_probe_ok(self) -> bool:
+        """Whether the op may run on tiny CPU tensors now: an ATen op that
+        draws no random numbers (a probe must not advance a generator), and
+        ``may_probe()``."""
+        return self.host_probe and may_probe()
+
     def binding(self, loc, kwargs):
         """The quickest callable running this op on local arguments ``loc``."""
         sig = (*map(type, loc), *((k, type(v)) for k, v in kwargs.items()))
         op = self.bindings.get(sig)
         if op is None:
-            if torch._C._len_torch_dispatch_stack():  # tracing: no probes now
+            if not may_probe():  # tracing: no probes now
                 return self.func._op
             op = self.bindings[sig] = probe_binding(self.func, loc, kwargs, self.host_probe)
         return op
