@@ -147,6 +147,17 @@ class Call:
                     "dtensor.implicit_replication() to treat it as replicated."
                 )
 
+    def first_mesh(self):
+        """The mesh of the first DTensor operand (None: no DTensor operand).
+
+        Dispatch's one answer to "which mesh does this call run on" once the
+        operands are known to share it (``mesh`` checks that).
+        """
+        for s in self.specs:
+            if s is not None:
+                return s.mesh
+        return None
+
     def mesh(self):
         """The operands' common mesh; raises if they live on different meshes."""
         mesh = None

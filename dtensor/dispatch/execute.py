@@ -31,11 +31,7 @@ def run(call: Call, plan: Plan, info: OpInfo):
     """The op's result on DTensors, following ``plan`` (``info``: the op's record)."""
     # NOTE: plain loops, no closures on the common paths: this runs on every
     # call that misses the fast path.
-    mesh = None
-    for s in call.specs:
-        if s is not None:
-            mesh = s.mesh
-            break
+    mesh = call.first_mesh()
     coord = mesh.get_coordinate()
     if coord is None:
         return _outsider_result(call, plan, mesh)

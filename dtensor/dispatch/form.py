@@ -31,6 +31,7 @@ import torch
 
 from dtensor.dispatch.op import LIST, NONE, ONE, SELF, TUPLE, OpInfo
 from dtensor.redistribute import plan as plan_steps
+from dtensor.strided import has_strided
 
 __all__ = ["FAST_LOCAL", "FAST_MANY", "FAST_MOVE", "FAST_NONE", "FAST_ONE", "FAST_SELF",
            "Fast", "fast_form"]
@@ -57,22 +58,22 @@ class Fast(NamedTuple):
 DTensor: Any = None
 
 
-def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, out_specs=None):
+def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=None):
     """The fast form for calls like this one, or None.
 
-    ``out_specs``: the output specs of a call answered off the propagation
-    path (detach, alias), whose plan is implied.
+    ``mesh``: the call's mesh (``Call.first_mesh``). ``out_specs``: the output
+    specs of a call answered off the propagation path (detach, alias), whose
+    plan is implied.
     """
     if out_specs is None:
         if plan.fallback or plan.write_back or plan.scalar_reduce is not None:
             return None
         if any(t is not None for t in plan.targets):
-            return _move_form(plan, info, args, kwargs)
+            return _move_form(plan, info, args, kwargs, mesh)
         out_specs = plan.out_specs
         if not out_specs and (info.returns != NONE or plan.local is not None):
             return None
     first = next((i for i, a in enumerate(args) if type(a) is DTensor), None)
-    mesh = _first_mesh(args)
     if mesh is None or mesh.get_coordinate() is None:
         return None
     for v in kwargs.values():  # the hot path passes kwargs on untouched
@@ -117,19 +118,7 @@ def _locals(seq):
     return type(seq)(x._local_tensor if type(x) is DTensor else x for x in seq)
 
 
-def _first_mesh(args):
-    """The mesh of the first DTensor argument (in a list or tuple too), or None."""
-    for a in args:
-        if type(a) is DTensor:
-            return a._spec.mesh
-        if type(a) in (list, tuple):
-            for x in a:
-                if type(x) is DTensor:
-                    return x._spec.mesh
-    return None
-
-
-def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict):
+def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh):
     """The MOVE form of a plan that redistributes top-level arguments, or None."""
     if (plan.local is not None or info.returns != ONE or info.inplace
             or len(plan.out_specs) != 1 or not info.functional):
@@ -138,7 +127,7 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict):
         if isinstance(v, torch.Tensor) or type(v) in (list, tuple):
             return None
     targets = iter(plan.targets)
-    moves, mesh = [], None
+    moves = []
     for i, a in enumerate(args):
         if type(a) in (list, tuple) and any(isinstance(x, torch.Tensor) for x in a):
             return None
@@ -150,10 +139,11 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict):
         if type(a) is not DTensor:  # a plain operand to move: the general path
             return None
         src = a._spec
-        mesh = src.mesh
+        if has_strided(src.placements):
+            return None  # moved by gather-then-cut (dtensor.strided): the general path
         moves.append((i, plan_steps(src.placements, target.placements, mesh.shape, src.shape),
                       src.shape))
-    if mesh is None or mesh.get_coordinate() is None:
+    if not moves or mesh is None or mesh.get_coordinate() is None:
         return None
     loc = [a._local_tensor if type(a) is DTensor else a for a in args]
     out = plan.out_specs[0]

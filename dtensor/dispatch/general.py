@@ -53,7 +53,7 @@ def _new_plan(call: Call, info, key) -> Plan:
     """Propagate ``call`` and remember its plan (with its fast form) under ``key``."""
     plan = propagate(call, info)
     if key is not None:
-        form = fast_form(plan, info, call.args, call.kwargs)
+        form = fast_form(plan, info, call.args, call.kwargs, call.first_mesh())
         if form is not None:
             # The plan is new and not yet shared: give it its fast form in
             # place (dataclasses.replace costs ~1.3 µs per first-seen call).
@@ -83,7 +83,8 @@ def _alias_of_self(info, args, kwargs, key):
     """Metadata-only ops: the output is the input's spec, by identity."""
     x = args[0]
     out = wrap(info.func(x._local_tensor), x._spec)
-    form = None if key is None else fast_form(None, info, args, kwargs, out_specs=(x._spec,))
+    form = None if key is None else fast_form(
+        None, info, args, kwargs, x._spec.mesh, out_specs=(x._spec,))
     if form is not None:  # outsiders too hand over their own (empty) block: no plan
         remember(key, Plan((None,), (x._spec,), fast=form))
     return out
