@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from dtensor.testing.compare import compare_block
 from dtensor.testing.impl import Impl, get_impl
 from dtensor.testing.rule_case import RuleCounterexample, _short
-from dtensor.testing.verify import replay_line, run_unshrunk, world_size_now
+from dtensor.testing.verify import replay_line, world_size_now
+from dtensor.testing.verify_shrink import run_drawn
 
 __all__ = ["PlanCounterexample", "verify_plan"]
 
@@ -114,14 +115,19 @@ def verify_plan(
         torch.manual_seed(model_seed)
         par = make_model()
         err: BaseException | None = None
+        running: list[str] = []  # the parallel copy's modules whose forward is open
+        where = "parallelize_module"
         try:
             parallelize(par, mesh, plan)
-            records = _run_step(ref, par, args, loss_fn, lr, rng_seed, the_impl)
+            where = "the parallel copy"
+            records = _run_step(ref, par, args, loss_fn, lr, rng_seed, the_impl, running)
         except Exception as e:  # a plan that cannot run: the same on every rank
             err = e
             records = []
         if err is not None:
-            why = f"the parallel copy raised {type(err).__name__}: {err}"
+            if running:  # the innermost module whose forward raised
+                where += f", in module {_module(par, running[-1], the_impl)}"
+            why = f"{where} raised {type(err).__name__}: {err}"
             raise PlanCounterexample(_report(args, layout, why, replay)) from err
         for what, got, want in records:
             problem = _differs(got, want, rtol, atol)
@@ -134,7 +140,8 @@ def verify_plan(
     except RuntimeError as e:  # a simulated world: no engine inside a test body
         if type(e).__name__ != "InnerGivenInSimWorld":
             raise
-        run_unshrunk(example, max_examples, 20261128)
+        run_drawn(example, max_examples, 20261128, max_shrinks=100,
+                  error=PlanCounterexample)
 
 
 def _prod(shape: tuple[int, ...]) -> int:
@@ -144,19 +151,45 @@ def _prod(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _run_step(ref, par, args, loss_fn, lr, rng_seed, impl):
+def _module(model: torch.nn.Module, name: str, impl: Impl) -> str:
+    """``'w2' (Linear; weight S(1), bias R)``: a module of the parallel copy
+    with its own parameters' placements (plain: not distributed)."""
+    mod = model.get_submodule(name)
+    parts = []
+    for key, p in mod.named_parameters(recurse=False):
+        where = (", ".join(str(x) for x in p.placements) if isinstance(p, impl.DTensor)
+                 else "plain")
+        parts.append(f"{key} {where}")
+    own = f"; {', '.join(parts)}" if parts else ""
+    return f"{name or '(the model)'!r} ({type(mod).__name__}{own})"
+
+
+def _param(model: torch.nn.Module, name: str, impl: Impl) -> str:
+    p = model.get_parameter(name)
+    where = (", ".join(str(x) for x in p.placements) if isinstance(p, impl.DTensor)
+             else "plain")
+    return f"{name!r} ({where} in the parallel copy)"
+
+
+def _run_step(ref, par, args, loss_fn, lr, rng_seed, impl, running):
     """Forward (every submodule's output recorded), loss, backward, one SGD
     step on both copies; ``[(what, parallel value, single-device value)]`` in
     the order to compare. Every collective (full tensors) happens here, on
-    every rank, before any comparison."""
+    every rank, before any comparison. ``running`` holds the parallel copy's
+    modules whose forward has begun and not returned (where an error arose)."""
     outs: dict[str, list] = {"ref": [], "par": []}
     hooks = []
     for tag, model in (("ref", ref), ("par", par)):
         for name, mod in model.named_modules():
             def hook(m, inp, out, name=name, tag=tag):
+                if tag == "par":
+                    running.pop()
                 full = _full(out, impl) if isinstance(out, torch.Tensor) else None
                 outs[tag].append((name, full))
             hooks.append(mod.register_forward_hook(hook))
+            if tag == "par":
+                hooks.append(mod.register_forward_pre_hook(  # before the plan's own
+                    lambda m, inp, name=name: running.append(name), prepend=True))
     try:
         torch.manual_seed(rng_seed)
         y_ref = ref(*args)
@@ -171,7 +204,7 @@ def _run_step(ref, par, args, loss_fn, lr, rng_seed, impl):
     records = []
     for (name, got), (_, want) in zip(outs["par"], outs["ref"], strict=False):
         if got is not None and want is not None and got.shape == want.shape:
-            records.append((f"forward output of module {name or '(the model)'!r}",
+            records.append((f"forward output of module {_module(par, name, impl)}",
                             got.detach(), want.detach()))
     records.append(("the model's output", _full(y_par, impl).detach(), y_ref.detach()))
     records.append(("the loss", _full(loss_par, impl).detach(), loss_ref.detach()))
@@ -179,14 +212,14 @@ def _run_step(ref, par, args, loss_fn, lr, rng_seed, impl):
     for name, p in ref.named_parameters():
         q = pars[name]
         g = None if q.grad is None else _full(q.grad, impl)
-        records.append((f"gradient of {name!r}", g, p.grad))
+        records.append((f"gradient of {_param(par, name, impl)}", g, p.grad))
     with torch.no_grad():
         for model in (ref, par):
             for p in model.parameters():
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-lr)
     for name, p in ref.named_parameters():
-        records.append((f"{name!r} after one SGD step (lr={lr})",
+        records.append((f"{_param(par, name, impl)} after one SGD step (lr={lr})",
                         _full(pars[name], impl).detach(), p.detach()))
     return records
 
