@@ -45,8 +45,6 @@ from dtensor.testing.meshes import MeshLayout, mesh_layouts, mesh_shapes
 from dtensor.testing.partial_inputs import partial_splits
 from dtensor.testing.rule_case import (
     Case,
-    agree_failed,
-    first_message,
     InvalidCall,
     RuleCounterexample,
     Sample,
@@ -55,10 +53,11 @@ from dtensor.testing.rule_case import (
     tensor_leaves_of,
 )
 from dtensor.testing.strategies import dtypes, tensor_shapes, tensors
+from dtensor.testing.verify_shrink import run_drawn
 
 __all__ = ["RuleCounterexample", "Sample", "default_samples", "replay_line",
-           "rule_example", "rule_meshes", "rule_placements", "rule_test", "verify_rule",
-           "world_size_now"]
+           "rule_example", "rule_meshes", "rule_placements", "rule_test", "run_drawn",
+           "verify_rule", "world_size_now"]
 
 
 def default_samples() -> st.SearchStrategy[tuple]:
@@ -180,51 +179,12 @@ def verify_rule(
         check()
     except RuntimeError as e:
         # A simulated world (pytest --dist-sim) refuses a Hypothesis run inside
-        # a test body, at once and on every rank: draw the cases directly.
+        # a test body, at once and on every rank: draw and shrink the cases
+        # without the engine, in lockstep (dtensor.testing.verify_shrink).
         if type(e).__name__ != "InnerGivenInSimWorld":
             raise
         key = zlib.crc32(f"{op}/{_impl(impl).name}".encode())
-        run_unshrunk(example, max_examples, key)
-
-
-class _Draws:
-    """``data.draw`` over one ConjectureData (no engine: no shrinking)."""
-
-    def __init__(self, cd: Any) -> None:
-        self.cd = cd
-
-    def draw(self, strategy: st.SearchStrategy, label: Any = None) -> Any:
-        return self.cd.draw(strategy)
-
-
-def run_unshrunk(example: Callable[[Any], None], max_examples: int,
-                 base_seed: int) -> None:
-    """Run ``example(data)`` on ``max_examples`` cases drawn from seeds, without
-    Hypothesis' engine (so without shrinking): the form for a test body in a
-    simulated world. Ranks agree on each verdict; a failure is raised on every
-    rank with the lowest failing rank's counterexample."""
-    import random
-
-    from hypothesis.control import BuildContext
-    from hypothesis.errors import UnsatisfiedAssumption
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    for i in range(max_examples):
-        cd = ConjectureData(random=random.Random(base_seed + i))
-        err = None
-        try:
-            with BuildContext(cd, is_final=True, wrapped_test=example):
-                example(_Draws(cd))
-        except UnsatisfiedAssumption:
-            continue  # the same on every rank: single device refused the sample
-        except AssertionError as e:
-            err = e
-        if agree_failed(err is not None):
-            msg = first_message(err)
-            raise RuleCounterexample(
-                f"{msg}\n(case {i + 1}, not shrunk: a simulated world runs no "
-                "Hypothesis engine inside a test body; use rule_test, or the Replay "
-                "command on a real world, to shrink it)")
+        run_drawn(example, max_examples, key)
 
 
 def rule_example(
