@@ -38,17 +38,13 @@ NO_SCHEMA_CALL = {
 }
 _TOL = {"rtol": 1e-4, "atol": 1e-4}
 #: Ops the sweep leaves out on worlds of more than 4 ranks (4 rows over 16
-#: ranks leave 12 blocks empty), each with the reason.
+#: ranks leave 12 blocks empty), with the reason.
 _ABOVE_4_RANKS = {
     # PyTorch's CPU kernel checks no shapes: an empty grad beside a (4, 4)
     # output kills the process with SIGFPE (tools/log_softmax_backward_sigfpe.py);
     # dispatch's binding probe runs the op on the operands' blocks before
     # redistribution, which at 16 ranks are (0, 4) and (4, 4).
     "aten._log_softmax_backward_data.default": "SIGFPE in the binding probe",
-    # runtime bug, pinned by the strict xfail
-    # test_pooling_an_unbatched_input_with_an_empty_channel_block
-    "aten.avg_pool2d.default": "empty channel block of a 3-D input",
-    "aten.max_pool2d_with_indices.default": "empty channel block of a 3-D input",
 }
 
 
@@ -182,21 +178,28 @@ def test_mse_loss_backward_with_a_full_grad_output_under_mean(world, impl):
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("op", ["avg_pool2d", "max_pool2d_with_indices"])
-def test_pooling_an_unbatched_input_with_an_empty_channel_block(world, impl, request, op):
+def test_pooling_an_unbatched_input_with_an_empty_channel_block(world, impl, op):
     """Found by the schema sweep on a 16-rank world: PyTorch refuses a 3-D
-    (unbatched) pooling input with 0 channels, and the pooling rule keeps a
-    channel shard that leaves a rank's block empty."""
-    if impl.name == "dtensor":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "runtime bug: pooling_rule keeps Shard(0) of a (C, H, W) input where "
-            "a rank's channel block is empty; the kernel raises on that rank")))
+    (unbatched) pooling input with 0 channels, so a channel shard that leaves
+    a rank's block empty must not reach the kernel."""
+    import torch.distributed as dist
+
     from dtensor.testing import MeshLayout
 
     mesh = impl.mesh(MeshLayout((2,), (0, 1)))
     x = torch.arange(16.0).reshape(1, 4, 4)
     fn = getattr(torch.ops.aten, op).default
-    out = fn(impl.from_blocks(x, mesh, (Shard(0),)), [2, 2])
     expected = fn(x, [2, 2])
+    error = None
+    try:  # only rank 1 (the empty block) raises: agree before asserting
+        out = fn(impl.from_blocks(x, mesh, (Shard(0),)), [2, 2])
+    except Exception as e:  # noqa: BLE001 - reported on every rank below
+        error = e
+    failed = torch.tensor([error is not None], dtype=torch.int64)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=world.group)
+    if error is not None:
+        raise error
+    assert not failed.item(), f"{op} of (1, 4, 4) as S(0): another rank raised"
     if isinstance(out, (tuple, list)):
         out, expected = out[0], expected[0]
     assert_matches_single_device(out, expected, msg=f"{op} of (1, 4, 4) as S(0)")
