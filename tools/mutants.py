@@ -56,9 +56,10 @@ One per input kind of the recently added code (the property that catches it):
         mid-row keeps only its column offset
         (test_random.py::test_random_runs_that_start_mid_row)
     norm_order_zero_share_powered  order-0 norm pieces (counts) are raised to
-        the 0th power when reduced (test_norms.py: vector_norm of every order)
+        the 0th power when reduced
+        (test_norms.py::test_vector_norm_of_every_order_matches_single_device)
     foreach_add_keeps_partial  ``_foreach_add_`` of a scalar keeps Partial(sum)
-        members partial (test_foreach.py)
+        members partial (test_foreach.py::test_every_foreach_case_on_every_partial_kind)
     run_check_broadcasts_first_replicate_axis_only  ``run_check`` makes
         replicas agree on the first Replicate axis only
         (test_run_check.py: accepts every layout, replicas agree on every axis)
@@ -69,7 +70,8 @@ One per input kind of the recently added code (the property that catches it):
     permute_maps_shards_forward  permute moves shard dim d to dims[d], right
         for self-inverse permutations only (test_permute.py)
     mesh_boolean_reduces_first_axis_only  ``equal`` and friends agree over
-        mesh axis 0 only (test_mesh_booleans.py)
+        mesh axis 0 only (test_mesh_booleans.py::
+        test_mesh_wide_booleans_see_a_block_on_a_later_axis_differ)
 """
 
 from __future__ import annotations
@@ -650,7 +652,10 @@ def run(name: str, nproc: int, target: str | None, profile: str,
     if baseline is None:
         baseline = {target: set()}
     elif target not in baseline:
-        baseline[target] = _pytest(target, nproc, profile, None)[0]
+        baseline[target], took, out = _pytest(target, nproc, profile, None)
+        summary = [x for x in out.splitlines() if re.search(r"\d+ (passed|failed)", x)]
+        print(f"== unmutated {target}: {summary[-1].strip() if summary else '?'} "
+              f"({took:.1f}s); failing there: {sorted(baseline[target])}", flush=True)
     failed, dt, out = _pytest(target, nproc, profile, name, first_failure=True)
     if LOG_DIR:
         Path(LOG_DIR[0], f"{name}.log").write_text(out)
