@@ -23,19 +23,9 @@ from hypothesis import strategies as st
 
 from dtensor.placement import Replicate, Shard
 from dtensor.testing import assert_matches_single_device, mesh_layouts, placements, tensors
+from dtensor.testing.coverage import NO_SCHEMA_CALL
 from dtensor.testing.schema_calls import example_tensors, overloads, sample_calls, uncallable
 
-#: Rules no schema call reaches, with the reason (the property cannot draw them).
-NO_SCHEMA_CALL = {
-    "aten._conj.default": "complex tensors only; the suite's dtypes are real",
-    "aten.native_layer_norm_backward.default": "mean/rstd shapes depend on "
-    "normalized_shape; covered by tests/test_ops_dist.py (layer_norm rows)",
-    "aten.as_strided.default": "sizes and strides must fit the storage; no schema default",
-    "aten.max_pool2d_with_indices_backward.default": "needs the forward's indices",
-    "aten.avg_pool2d_backward.default": "grad_output shape follows kernel and stride",
-    "aten.max_pool3d_with_indices.default": "5-D input with a 3-D kernel",
-    "aten.avg_pool3d.default": "5-D input with a 3-D kernel",
-}
 _TOL = {"rtol": 1e-4, "atol": 1e-4}
 #: Ops the sweep leaves out on worlds of more than 4 ranks (4 rows over 16
 #: ranks leave 12 blocks empty), with the reason.
