@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DEFAULT_DIR", "NO_SCHEMA_CALL", "RECORD", "admitted", "dump", "install", "kinds_of", "load",
-           "missing", "main", "reason"]
+__all__ = ["DEFAULT_DIR", "NO_SCHEMA_CALL", "RECORD", "admitted", "dump", "install",
+           "kinds_of", "load", "main", "missing", "reason"]
 
 DEFAULT_DIR = Path("build") / "rule-coverage"
 PARTIAL_KINDS = ("P(sum)", "P(avg)", "P(max)", "P(min)")
