@@ -276,6 +276,13 @@ def _optimizer_clip_and_norm_calls() -> None:
     x.norm(1)
     torch.norm(x, dim=1)
     torch.dist(x, torch.randn(6, 4), 3.0)
+    # tests/test_comm_audit_fixes_dist.py: the triplet loss's norm(dim=), take,
+    # narrow_copy, rsub, adaptive_avg_pool3d
+    nn.functional.triplet_margin_loss(x, torch.randn(6, 4), torch.randn(6, 4))
+    torch.take(x, torch.tensor([0, 5]))
+    torch.narrow_copy(x, 1, 1, 2)
+    torch.rsub(x, x)
+    nn.functional.adaptive_avg_pool3d(torch.randn(2, 3, 2, 4, 4), 2)
     # tests/test_loss_rules_nd_dist.py: N-d cross entropy (nll_loss2d) and the
     # element-wise losses, forward and backward
     logits = torch.randn(3, 4, 5, 2, requires_grad=True)

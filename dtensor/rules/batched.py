@@ -5,14 +5,17 @@ the other dims stay where they are and nothing is sent:
   ``nanmedian`` with ``dim``): shards of every other dim are kept (as
   PyTorch does); a shard of ``dim`` itself is gathered first;
 - pooling (max/avg, adaptive, 2-D and 3-D windows, 2-D backward): the
-  leading (batch, channel) dims keep their shards, spatial dims are whole;
+  leading (batch, channel) dims keep their shards (a channel shard only
+  where no rank's block is empty: the kernels refuse zero channels),
+  spatial dims are whole;
 - ``native_group_norm`` over batch shards: statistics are per sample;
 - ``histc`` with a fixed range: each rank counts its own elements, the
   counts are ``Partial(sum)``;
 - identities: ``as_strided`` with the tensor's own size, stride and offset,
   and ``prims.view_of``, keep the layout (PyTorch: no communication).
 
-Partial operands are reduced first (none of these is linear in them).
+Partial operands are reduced first (none of these is linear in them);
+pooling reduces them onto a shard of a leading dim where one divides evenly.
 Example: ``kthvalue(x, 2, dim=1)`` of a ``Shard(0)`` tensor returns
 ``Shard(0)`` values and indices, with no collective.
 """
@@ -57,13 +60,43 @@ def pooling_rule(spatial: int, linear: bool = False):
             return None
         # Averaging windows are linear: one operand's pieces of a sum pass.
         keep_linear = linear and len(call.specs) == 1
-        place = tuple(p if (isinstance(p, Shard) and p.dim < lead)
-                      or (keep_linear and is_linear_partial(p)) else Replicate()
-                      for p in first.placements)
+        place = [p if (isinstance(p, Shard) and p.dim < lead
+                       and _blocks_allowed(first, lead, axis, p.dim))
+                 or (keep_linear and is_linear_partial(p)) else Replicate()
+                 for axis, p in enumerate(first.placements)]
+        # Other pieces are reduced onto a shard of a leading dim (reduce-scatter,
+        # half an all-reduce) rather than replicated: the output keeps that
+        # shard, and gathering it later sends the pooled (smaller) tensor.
+        for axis, p in enumerate(place):
+            if isinstance(p, Replicate) and any(
+                    isinstance(s.placements[axis], Partial) for s in call.specs):
+                place[axis] = _free_lead_shard(first, lead, axis, place)
+        place = tuple(place)
         n = len(call.func._schema.returns)
         return Sharding((place,) * len(call.specs), (place,) * n)
 
     return rule
+
+
+def _blocks_allowed(spec, lead: int, axis: int, dim: int) -> bool:
+    """Whether the kernels take every block of ``dim`` cut by mesh ``axis``:
+    an empty batch (dim 0 of a batched input) is fine, zero channels are
+    refused, so a channel dim must leave no rank's block empty."""
+    if dim == 0 and lead > 1:
+        return True
+    n, size = spec.mesh.size(axis), spec.shape[dim]
+    return -(-size // n) * (n - 1) < size
+
+
+def _free_lead_shard(spec, lead: int, axis: int, place) -> Shard | Replicate:
+    """A leading dim of ``spec`` that mesh ``axis`` cuts evenly and that no
+    other axis shards, as a ``Shard``; ``Replicate`` where there is none."""
+    n = spec.mesh.size(axis)
+    taken = {q.dim for q in (*place, *spec.placements) if isinstance(q, Shard)}
+    for d in range(lead):
+        if d not in taken and spec.shape[d] >= n and spec.shape[d] % n == 0:
+            return Shard(d)
+    return Replicate()
 
 
 def group_norm_rule(call):
@@ -125,7 +158,7 @@ _POOLS = {
     2: ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
         "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
         "adaptive_max_pool2d"),
-    3: ("max_pool3d_with_indices", "avg_pool3d"),
+    3: ("max_pool3d_with_indices", "avg_pool3d", "_adaptive_avg_pool3d"),
 }
 
 RULES: dict = {

@@ -1,4 +1,4 @@
-"""Ops that combine or pick elements: cat, stack, index_select, gather.
+"""Ops that combine or pick elements: cat, stack, index_select, gather, take.
 
 Operands' shards of the dims these ops leave alone stay; the joined dim of
 ``cat`` is whole; ``stack``'s new dim is never sharded. Each output element
@@ -132,7 +132,13 @@ def stack_rule(call):
     return _joined(specs, want, out, tuple(shape))
 
 
-# index_select / gather -------------------------------------------------------------
+# index_select / gather / take ------------------------------------------------------
+def _picks_through(p) -> bool:
+    """Pieces that a pick of elements keeps as pieces: partial sums, and
+    max/min pieces (the max of picked elements is the pick of the max)."""
+    return is_linear_partial(p) or p in (Partial("max"), Partial("min"))
+
+
 def index_select_rule(call):
     x, index = call.specs
     dim = norm_dim(bind(call)["dim"], x.ndim)
@@ -140,7 +146,7 @@ def index_select_rule(call):
     for px, pi in zip(x.placements, index.placements, strict=True):
         if isinstance(px, Shard) and px.dim != dim:
             wx.append(px), wi.append(Replicate()), out.append(px)
-        elif is_linear_partial(px):
+        elif _picks_through(px):
             wx.append(px), wi.append(Replicate()), out.append(px)
         elif isinstance(pi, Shard) and x.ndim > 0:
             wx.append(Replicate()), wi.append(pi), out.append(Shard(dim))
@@ -162,7 +168,7 @@ def gather_rule(call):
     for px, pi in zip(x.placements, index.placements, strict=True):
         if isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]:
             wx.append(px), wi.append(px), out.append(px)
-        elif is_linear_partial(px) and not isinstance(pi, Shard):
+        elif _picks_through(px) and not isinstance(pi, Shard):
             wx.append(px), wi.append(Replicate()), out.append(px)
         elif isinstance(pi, Shard) and pi.dim == dim:
             wx.append(Replicate()), wi.append(pi), out.append(pi)
@@ -176,7 +182,23 @@ def gather_rule(call):
     return Sharding((tuple(wx), tuple(wi)), (tuple(out),))
 
 
+def take_rule(call):
+    """``take(x, index)``: x read as one flat tensor, so x is whole (or
+    pieces, against a replicated index) and the output is cut as the index."""
+    x, index = call.specs
+    wx, wi, out = [], [], []
+    for px, pi in zip(x.placements, index.placements, strict=True):
+        if isinstance(pi, Shard):
+            wx.append(Replicate()), wi.append(pi), out.append(pi)
+        elif _picks_through(px) and not isinstance(pi, Partial):
+            wx.append(px), wi.append(Replicate()), out.append(px)
+        else:
+            wx.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
+    return Sharding((tuple(wx), tuple(wi)), (tuple(out),), shapes=(index.shape,))
+
+
 RULES: dict = {
+    aten.take.default: take_rule,
     aten.cat.default: cat_rule,
     aten.stack.default: stack_rule,
     aten.index_select.default: index_select_rule,

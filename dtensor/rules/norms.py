@@ -87,10 +87,11 @@ def _reduced(spec, dims) -> tuple[int, ...]:
 
 
 # Argument names per overload: (ord, dim, keepdim, dtype); None where absent.
-# torch.norm and Tensor.norm of a DTensor reach linalg_vector_norm (the
-# aten.norm.* overloads keep the replicate fallback until a test reaches them).
+# torch.norm and Tensor.norm of a DTensor reach linalg_vector_norm;
+# pairwise_distance (and the triplet losses) reach norm.ScalarOpt_dim.
 _NAMES = {
     aten.linalg_vector_norm.default: ("ord", "dim", "keepdim", "dtype"),
+    aten.norm.ScalarOpt_dim: ("p", "dim", "keepdim", None),
 }
 
 
@@ -283,8 +284,10 @@ def dist_rule(call):
     """``dist(a, b, p)``: the p-norm of ``a - b``. Same shapes and the same
     Shard placements: each rank's ``dist`` of its pieces is a piece of the
     result (``Partial("norm<p>")`` on the sharded axes), nothing sent; the
-    first use reduces one scalar. Broadcasting operands, mixed layouts and
-    orders without pieces (negative, -inf) keep the fallback."""
+    first use reduces one scalar. An operand cut otherwise takes the other's
+    cut on that axis (a replicated one slices its block, nothing sent).
+    Broadcasting operands and orders without pieces (negative, -inf) keep
+    the fallback."""
     if len(call.specs) != 2:
         return None
     a, b = call.specs
@@ -293,12 +296,15 @@ def dist_rule(call):
         return None
     want, out = [], []
     for pa, pb in zip(a.placements, b.placements, strict=True):
-        if isinstance(pa, Shard) and pa == pb:
-            want.append(pa), out.append(piece)
-        elif isinstance(pa, Shard) or isinstance(pb, Shard):
-            return None  # different cuts: the fallback lines them up
+        cut = pa if isinstance(pa, Shard) else pb
+        if isinstance(cut, Shard):
+            want.append(cut), out.append(piece)
         else:  # partial pieces are reduced first (a norm is not linear)
             want.append(Replicate()), out.append(Replicate())
+    dims = [p.dim for p in want if isinstance(p, Shard)]
+    if len(dims) != len(set(dims)) and want not in (list(a.placements),
+                                                    list(b.placements)):
+        return None  # a nesting neither operand has: the fallback lines them up
     want = tuple(want)
     return Sharding((want, want), (tuple(out),), local=_dist_pieces, shapes=((),))
 

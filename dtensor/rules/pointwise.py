@@ -1,16 +1,20 @@
 """Pointwise ops: unary, binary, ternary, with broadcasting and in-place forms.
 
-The output keeps the first input's shards (mapped through broadcasting), so
-elementwise ops on identically placed operands never communicate. Partial
-operands survive only through linear ops (``neg``, ``add``/``sub`` of partial
-sums and replicated values, ``mul``/``div`` of one partial operand by
-replicated values, a second partial factor reduced) and through
+The output keeps, per mesh axis, the operand shard (mapped through
+broadcasting) that leaves the fewest operand bytes to move (the first
+operand's of equals), so elementwise ops on identically placed operands
+never communicate and differently placed ones move the least. Partial
+operands survive only through linear ops (``neg``, ``add``/``sub`` of
+partial sums and replicated values, ``mul``/``div`` of one partial operand
+by replicated values, a second partial factor reduced) and through
 ``maximum``/``minimum`` of ``Partial("max")``/``Partial("min")`` pieces and
 monotone non-decreasing unary ops (``clamp``, ``relu``, ``exp``...) of them;
 any other op sees them reduced first.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,7 +27,8 @@ __all__ = ["RULES", "pointwise_rule"]
 aten = torch.ops.aten
 
 # Linear in each operand, so partial sums may be combined without reducing.
-_ADDITIVE = {aten.add.Tensor, aten.add_.Tensor, aten.sub.Tensor, aten.sub_.Tensor}
+_ADDITIVE = {aten.add.Tensor, aten.add_.Tensor, aten.sub.Tensor, aten.sub_.Tensor,
+             aten.rsub.Tensor}
 # Linear in exactly one operand (the partial one; for div, the numerator).
 _MULTIPLICATIVE = {
     aten.mul.Tensor,
@@ -99,6 +104,14 @@ def _partial_inputs(func, specs, axis: int) -> tuple[Placement, tuple[Placement,
     return None
 
 
+def _moved(specs, axis: int, choice: Shard, shape) -> int:
+    """Bytes of the operands whose shard on mesh ``axis`` is not ``choice``
+    (mapped through broadcasting): the ones a redistribute must move."""
+    return sum(math.prod(s.shape) * s.dtype.itemsize for s in specs
+               if isinstance(s.placements[axis], Shard)
+               and s.placements[axis] != shard_through_broadcast(choice, s.shape, shape))
+
+
 def pointwise_rule(call):
     specs = call.specs
     func = call.func
@@ -126,8 +139,8 @@ def pointwise_rule(call):
         if kept is not None:
             choice, partial_inputs[axis] = kept
         else:
-            candidates = specs[:1] if inplace else specs
-            for s in candidates:
+            options = []
+            for s in specs[:1] if inplace else specs:
                 p = s.placements[axis]
                 if isinstance(p, Shard):
                     od = out_dim(s, p.dim)
@@ -139,8 +152,9 @@ def pointwise_rule(call):
                         s.placements[e] == Shard(p.dim)
                         for e, q in enumerate(out) if isinstance(q, Shard) and q.dim == od
                     ):
-                        choice = Shard(od)
-                        break
+                        options.append(Shard(od))
+            if options:  # the shard that moves the fewest operand bytes (first of equals)
+                choice = min(options, key=lambda c: _moved(specs, axis, c, shape))
         out.append(choice)
 
     # Operands take the output's shards (nested ones in mesh-axis order);
@@ -162,4 +176,5 @@ def pointwise_rule(call):
     return Sharding(tuple(inputs), (tuple(out),) * n, shapes=(shape,) * n)
 
 
-RULES: dict = {}
+# Pointwise ops that torch does not tag pointwise.
+RULES: dict = {aten.rsub.Tensor: pointwise_rule}

@@ -2,7 +2,8 @@
 
 ``copy_`` keeps the destination's layout and brings the source to it;
 ``_to_copy`` (``.to(dtype)``) keeps the layout, partial sums included when
-the cast is linear (floating to floating). Constructors from a template
+the cast is linear and not widening (floating to no wider floating; a
+widening cast reduces first, on fewer bytes). Constructors from a template
 follow its shards but never its partial values (``ones_like`` of a partial
 tensor is all ones, not a piece of them); ``new_empty`` of the template's own
 size keeps its whole layout (no values to be wrong). ``equal`` compares blocks and
@@ -43,7 +44,10 @@ def to_copy_rule(call):
     device = a.get("device")
     if device is not None and torch.device(device).type != spec.mesh.device_type:
         return None
-    keep = dtype == spec.dtype or (is_float(dtype) and is_float(spec.dtype))
+    # A widening cast (float -> double, real -> complex) of partial values
+    # reduces before it: fewer bytes, and the sum rounds as the full tensor's.
+    keep = dtype == spec.dtype or (is_float(dtype) and is_float(spec.dtype)
+                                   and dtype.itemsize <= spec.dtype.itemsize)
     placements = spec.placements if keep else partial_to_replicate(spec.placements)
     return Sharding((placements,), (placements,))
 

@@ -247,6 +247,19 @@ def slice_rule(call):
     return Sharding((want,), (out,))
 
 
+def narrow_copy_rule(call):
+    """``narrow_copy``: as ``slice`` (a copy, not a view): other dims keep shards."""
+    (spec,) = call.specs
+    a = bind(call)
+    if spec.ndim == 0:
+        return None
+    dim = norm_dim(a["dim"], spec.ndim)
+    size = spec.shape[dim]
+    whole = a["start"] in (0, -size) and a["length"] == size
+    want, out = _map_dims(spec, lambda d: d if d != dim or whole else None)
+    return Sharding((want,), (out,))
+
+
 def drop_dim_rule(call):
     """select / unbind: ``dim`` goes away (gathered first where sharded)."""
     (spec,) = call.specs
@@ -290,6 +303,7 @@ RULES: dict = {
     aten.squeeze.dims: squeeze_rule,
     aten.expand.default: expand_rule,
     aten.slice.Tensor: slice_rule,
+    aten.narrow_copy.default: narrow_copy_rule,
     aten.select.int: drop_dim_rule,
     aten.split.Tensor: split_rule,
     aten.split_with_sizes.default: split_rule,
