@@ -2,7 +2,8 @@
 as a guard: a subset of its cases re-run with dtensor alone must send no more
 collectives and no more wire bytes than recorded, and the recorded table
 itself must show no case where ours sends more than PyTorch's DTensor
-outside the listed exceptions (docs/ops.md, "Communication audit").
+outside the listed exceptions (docs/ops.md, "Communication audit"), and
+accepted differences (``ACCEPTED``) count apart from excesses.
 
 The op samples run on a 2-rank world; the redistribute pairs on a fake
 process group in a fresh interpreter (one process: rank 0's collectives).
@@ -38,6 +39,23 @@ def test_recorded_table_shows_no_unexplained_excess() -> None:
     allowed = comm_audit.EXCEPTIONS
     unexplained = [e for e in excesses if not any(key in e for key in allowed)]
     assert not unexplained, "\n".join(unexplained[:20])
+
+
+def test_accepted_differences_are_counted_apart_from_excesses() -> None:
+    """An excess of an op and layout in ``ACCEPTED`` is listed as accepted,
+    the same numbers for another op or layout as an excess; a partial
+    layout counts in the partial row only."""
+    import comm_audit
+
+    case = [0, "P(max)", 1, 4.0, 1, 1.0, True, True]
+    ops = {"byte": [case], "exp": [case], "char": [[0, "P(sum)", *case[2:]]]}
+    agreed: list[str] = []
+    table, excesses = comm_audit.summarise(ops, [], agreed)
+    assert [e.split("`")[1] for e in excesses] == ["exp", "char"], excesses
+    assert [e.split("`")[1] for e in agreed] == ["byte"], agreed
+    rows = {r.split("|")[1].strip(): r.split("|")[2:7] for r in table.splitlines()[2:]}
+    assert [c.strip() for c in rows["ops, partial"]] == ["3", "3", "2", "1", "0"]
+    assert [c.strip() for c in rows["ops, alike"]] == ["0", "0", "0", "0", "0"]
 
 
 @pytest.mark.world_size(2)
