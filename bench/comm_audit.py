@@ -72,48 +72,47 @@ _REASONS: dict[str, tuple[str, ...]] = {
     _NO_RULE: (
         "cross", "linalg.cross", "fft.", "grid_sampler_", "nn.functional.grid_sample",
         "nn.functional.interpolate.", "nn.functional.upsample_", "nn.functional.max_unpool",
-        "take", "take_along_dim", "index_add", "index_copy", "index_fill", "index_put",
-        "isin", "kron", "narrow_copy", "repeat", "masked.", "linalg.pinv",
-        "native_batch_norm", "nn.functional.batch_norm", "where", "fmax", "fmin", "char",
-        "nn.functional.avg_pool1d", "nn.functional.max_pool1d",
-        "nn.functional.adaptive_avg_pool1d", "nn.functional.adaptive_avg_pool3d",
-        "max_pool2d_with_indices_backward",
+        "index_add", "index_copy", "index_fill", "index_put", "isin", "kron", "repeat",
+        "masked.", "linalg.pinv", "native_batch_norm", "nn.functional.batch_norm",
+        "fmax", "fmin",
     ),
-    "losses and distances composed of reductions: ours reduces the sharded pieces "
-    "exactly (uneven shards, global means); PyTorch's strategy moves fewer bytes on "
-    "these samples and is wrong on uneven shards for several mean losses "
+    "losses composed of reductions: ours reduces the sharded pieces exactly "
+    "(uneven shards, global means); PyTorch's strategy moves fewer bytes on these "
+    "samples and is wrong on uneven shards for several mean losses "
     "(docs/opinfo.md); not yet analysed per sample": (
-        "dist", "nn.functional.pairwise_distance", "nn.functional.cosine_similarity",
-        "nn.functional.cosine_embedding_loss", "nn.functional.hinge_embedding_loss",
-        "nn.functional.triplet_margin", "nn.functional.multilabel_soft_margin_loss",
-        "nn.functional.gaussian_nll_loss", "nn.functional.cross_entropy",
-        "nn.functional.linear_cross_entropy",
+        "nn.functional.cosine_similarity", "nn.functional.cosine_embedding_loss",
+        "nn.functional.hinge_embedding_loss", "nn.functional.triplet_margin",
+        "nn.functional.multilabel_soft_margin_loss", "nn.functional.gaussian_nll_loss",
+        "nn.functional.cross_entropy", "nn.functional.linear_cross_entropy",
     ),
     "matmul-like ops with a Partial(max/min) or mixed-layout operand: ours "
     "reduces or gathers the operand before the op, PyTorch's strategy moves "
     "fewer bytes (more collectives); not yet analysed per sample": (
         "__rmatmul__", "matmul", "dot", "vdot", "inner", "outer", "einsum",
-        "nn.functional.linear", "nn.functional.embedding", "gather",
+        "nn.functional.linear", "nn.functional.embedding",
     ),
     "Partial(max/min) operands: ours reduces each operand before the op, PyTorch "
     "one result (pieces through the op)": (
-        "clamp", "column_stack", "dstack", "hstack", "vstack", "fill",
-        "max.reduction_no_dim", "min.reduction_no_dim",
+        "clamp", "column_stack", "dstack", "max.reduction_no_dim", "min.reduction_no_dim",
     ),
-    "pooling of inputs sharded on a spatial dim or Partial(max) pieces: gathered "
-    "(the batch and channel dims keep their shards, dtensor/rules/batched.py)": (
-        "nn.functional.max_pool2d", "nn.functional.max_pool3d",
-        "nn.functional.avg_pool2d", "nn.functional.avg_pool3d",
-        "nn.functional.adaptive_avg_pool2d", "kthvalue", "mode",
+    "pooling of inputs sharded on a spatial dim, or of a leading dim that no "
+    "mesh axis cuts evenly: gathered (dtensor/rules/batched.py)": (
+        "nn.functional.max_pool1d", "nn.functional.avg_pool2d",
+        "nn.functional.avg_pool3d", "nn.functional.adaptive_avg_pool3d",
+        "nn.functional.adaptive_max_pool2d",
+    ),
+    "pointwise and selection ops on mixed layouts or Partial indices: per-sample "
+    "cost not yet matched (the output takes the shard that moves the fewest "
+    "operand bytes; PyTorch's cost model sometimes finds a cheaper redistribute)": (
+        "where", "take", "take_along_dim",
     ),
 }
-_REASONS["not yet analysed per sample (Partial inputs of casts, rsub, any; "
+_REASONS["not yet analysed per sample (Partial inputs of any; "
          "addmm/bmm/addcmul families, scatter family, batch-norm variants, "
          "group norm with a sharded weight, antialiased upsampling)"] = (
-    "__rsub__", "rsub", "_batch_norm_with_update", "_native_batch_norm_legit",
+    "_batch_norm_with_update", "_native_batch_norm_legit",
     "_upsample_bilinear2d_aa", "addcdiv", "addcmul", "addmm", "addr", "any", "baddbmm",
-    "bmm", "bucketize", "byte", "cdouble", "cfloat", "native_group_norm",
-    "nn.functional.adaptive_max_pool2d", "scatter", "select_scatter", "slice_scatter",
+    "bmm", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
 )
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
