@@ -109,16 +109,31 @@ def test_every_foreach_case_on_every_partial_kind(n_ranks, world, impl, data):
     axis = max(range(layout.ndim), key=lambda a: layout.shape[a])
     for op in REDUCE_OPS:
         for case in CASES:
-            members = [_member(data, layout, impl, s, dtype, f"x{i}",
-                               allow_partial=False) for i, s in enumerate(shapes)]
-            x0, ps0 = members[0]
-            ps0 = tuple(Partial(op) if a == axis else q for a, q in enumerate(ps0))
-            _check_case(data, impl, layout, case, [(x0, ps0), *members[1:]], dtype)
+            # The Partial member first in the first list, then (cases with
+            # other tensors) in the other operand, the first list plain.
+            wheres = ("self", "other") if case.operand in _TENSOR_OPERANDS else ("self",)
+            for where in wheres:
+                members = [_member(data, layout, impl, s, dtype, f"x{i}",
+                                   allow_partial=False) for i, s in enumerate(shapes)]
+                partial = _on_axis(Partial(op), axis)
+                if where == "self":
+                    members[0] = (members[0][0], partial(members[0][1]))
+                _check_case(data, impl, layout, case, members, dtype,
+                            other_partial=partial if where == "other" else None)
 
 
-def _check_case(data, impl, layout, case, members, dtype):
+_TENSOR_OPERANDS = ("list", "two_lists", "shared")
+
+
+def _on_axis(p, axis):
+    return lambda ps: tuple(p if a == axis else q for a, q in enumerate(ps))
+
+
+def _check_case(data, impl, layout, case, members, dtype, other_partial=None):
     """Run ``case`` on the members (``(tensor, placements)``) with drawn
-    operands, on DTensors and on one device; compare every result."""
+    operands, on DTensors and on one device; compare every result.
+    ``other_partial`` (placements -> placements) puts a Partial on the first
+    member of the other list, or on the shared tensor."""
     mesh = impl.mesh(layout)
     shapes = [tuple(x.shape) for x, _ in members]
     k = len(members)
@@ -138,12 +153,19 @@ def _check_case(data, impl, layout, case, members, dtype):
         plain_other = torch.tensor(data.draw(st.sampled_from((2.0, -0.5)), label="value"),
                                    dtype=dtype)
         as_dtensor = data.draw(st.booleans(), label="shared as a replicated DTensor")
-        d_other = (impl.from_blocks(plain_other, mesh, (Replicate(),) * layout.ndim)
-                   if as_dtensor else plain_other)
+        if other_partial is not None:
+            d_other = impl.from_blocks(plain_other, mesh,
+                                       other_partial((Replicate(),) * layout.ndim))
+        else:
+            d_other = (impl.from_blocks(plain_other, mesh, (Replicate(),) * layout.ndim)
+                       if as_dtensor else plain_other)
     elif case.operand in ("list", "two_lists"):
         n = 1 if case.operand == "list" else 2
         cols = [[_member(data, layout, impl, s, dtype, f"y{j}{i}") for i, s in enumerate(shapes)]
                 for j in range(n)]
+        if other_partial is not None:
+            y, ps = cols[0][0]
+            cols[0][0] = (y, other_partial(ps))
         exact = exact and all(exact_split(y) for col in cols for y, _ in col)
         plain = [[y for y, _ in col] for col in cols]
         dcols = [dlist(col) for col in cols]
