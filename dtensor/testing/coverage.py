@@ -164,21 +164,15 @@ def dump(directory: Path | str = DEFAULT_DIR, name: str | None = None,
          run: str | None = None) -> Path:
     """Write ``RECORD`` as ``<directory>/<name>.json`` (default: the rank).
 
-    Rank 0 also writes ``run`` (the command line) to ``run.txt`` and removes
-    the records of ranks a larger earlier world left behind, so the table is
-    one run's."""
+    Rank 0 also writes ``run`` (the command line) to ``run.txt``, which the
+    table names: a run of one file records only what that file drew."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if name is None:
         rank = int(os.environ.get("RANK", "0"))
         name = f"rank{rank}"
-        if rank == 0:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            for old in directory.glob("rank*.json"):
-                if old.stem[4:].isdigit() and int(old.stem[4:]) >= world:
-                    old.unlink(missing_ok=True)
-            if run is not None:
-                (directory / "run.txt").write_text(run + "\n")
+        if rank == 0 and run is not None:
+            (directory / "run.txt").write_text(run + "\n")
     path = directory / f"{name}.json"
     path.write_text(json.dumps({k: sorted(v) for k, v in sorted(RECORD.items())}))
     return path
