@@ -36,7 +36,7 @@ from dtensor.factories import (
 )
 from dtensor.mesh import DeviceMesh, current_mesh, init_device_mesh
 from dtensor.module import distribute_module
-from dtensor.placement import Partial, Placement, Replicate, Shard
+from dtensor.placement import Partial, Placement, Replicate, Shard, StridedShard
 from dtensor.sharding import OpCall, Sharding, register_rule
 from dtensor.spec import DTensorSpec, TensorMeta
 from dtensor.tensor import DTensor
@@ -57,6 +57,7 @@ __all__ = [
     "ShardDimError",
     "Sharding",
     "ShardingError",
+    "StridedShard",
     "TensorMeta",
     "UnsupportedOpError",
     "checkpoint",

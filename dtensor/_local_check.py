@@ -26,8 +26,8 @@ import torch
 from dtensor import _comm
 from dtensor.errors import PlacementError
 from dtensor.mesh import DeviceMesh, device_of, unravel
-from dtensor.placement import Placement, Replicate, Shard, format_placements
-from dtensor.spec import local_block
+from dtensor.placement import Placement, Replicate, format_placements
+from dtensor.spec import local_shape
 
 __all__ = ["digest", "run_check"]
 
@@ -93,7 +93,7 @@ def _infer_shape(
     coords = _coordinates(mesh)
     out = list(shapes[0])
     for dim in range(len(out)):
-        axes = {a for a, p in enumerate(placements) if isinstance(p, Shard) and p.dim == dim}
+        axes = {a for a, p in enumerate(placements) if p.is_shard(dim)}
         if axes:
             out[dim] = sum(
                 shapes[k][dim]
@@ -158,7 +158,7 @@ def run_check(
     else:
         shape = tuple(int(s) for s in shape)
         how = "given"
-    expected = [local_block(shape, mesh.shape, placements, c)[0] for c in _coordinates(mesh)]
+    expected = [local_shape(shape, mesh.shape, placements, c) for c in _coordinates(mesh)]
     bad = [k for k in range(len(ranks)) if shapes[k] != expected[k]]
     if bad:
         detail = ", ".join(

@@ -192,7 +192,7 @@ def _meta_dtensor(tensor: torch.Tensor, spec: DTensorSpec) -> DTensor:
     The meta-init pattern: build a model on the meta device, lay it out, then
     ``module.to_empty(device=...)`` and initialise the blocks in place.
     """
-    shape, _ = spec.local_block(spec.mesh.get_coordinate())
+    shape = spec.local_shape(spec.mesh.get_coordinate())
     local = torch.empty(shape, dtype=tensor.dtype, device="meta")
     out = DTensor(local, spec)
     return out.requires_grad_(True) if tensor.requires_grad else out

@@ -33,7 +33,14 @@ import torch
 
 from dtensor.errors import MeshError, PlacementError
 from dtensor.mesh import DeviceMesh
-from dtensor.placement import Partial, Placement, Replicate, Shard, norm_partial
+from dtensor.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    StridedShard,
+    norm_partial,
+)
 
 __all__ = ["from_torch", "from_torch_mesh", "to_torch", "to_torch_mesh"]
 
@@ -97,6 +104,10 @@ def _placement_to_torch(p: Placement):
 
     if isinstance(p, Shard):
         return TShard(p.dim)
+    if isinstance(p, StridedShard):  # the same rows as PyTorch's private placement
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        return _StridedShard(p.dim, split_factor=p.split_factor)
     if isinstance(p, Partial):
         order = p.norm_order
         if order is None:
@@ -122,6 +133,8 @@ def _placement_from_torch(p) -> Placement:
         return Replicate()
     if type(p) is TPartial:
         return Partial(p.reduce_op)
+    if type(p).__name__ == "_StridedShard":
+        return StridedShard(p.dim, int(p.split_factor))
     if type(p).__name__ == "_NormPartial" and hasattr(p, "norm_type"):
         return norm_partial(p.norm_type)
     raise PlacementError(

@@ -25,6 +25,7 @@ __all__ = [
     "Placement",
     "Replicate",
     "Shard",
+    "StridedShard",
     "format_placements",
     "is_linear_partial",
     "norm_partial",
@@ -73,7 +74,7 @@ def _norm_op(p) -> str | None:
 
 
 class Placement:
-    """Base of the three placement kinds; use the subclasses."""
+    """Base of the placement kinds; use the subclasses."""
 
     # Weak-referenceable: torch.compile keys tables of graph inputs by weakref.
     __slots__ = ("__weakref__",)
@@ -119,6 +120,50 @@ class Shard(Placement):
 
     def __str__(self) -> str:
         return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class StridedShard(Placement):
+    """Tensor dim ``dim`` split across the mesh axis in interleaved rows.
+
+    The block this axis splits is first cut into ``split_factor`` pieces
+    (``torch.chunk`` sizes), each piece is cut again into one piece per
+    coordinate, and coordinate ``i`` holds the ``i``-th sub-piece of every
+    piece, in order. It is the layout FSDP gives a tensor that tensor
+    parallelism already sharded on the same dim (PyTorch's ``_StridedShard``):
+    on a ``(dp, tp)`` mesh, ``(StridedShard(0, split_factor=tp), Shard(0))``
+    puts on ``(i, j)`` the ``i``-th dp piece of tp block ``j`` (see
+    ``dtensor.spec.fsdp_tp_placements``). ``split_factor=1`` is ``Shard(dim)``
+    and specs store it so. Row math: ``dtensor.spec.strided_runs``.
+
+    Example:
+        >>> # 8 rows, split_factor 2, mesh axis of 2: rows 0-1 and 4-5 on 0
+        >>> strided_runs(8, 2, 2, 0), strided_runs(8, 2, 2, 1)
+        (((0, 2), (4, 2)), ((2, 2), (6, 2)))
+    """
+
+    dim: int
+    split_factor: int = 1
+    kind: ClassVar[str] = "strided_shard"
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "split_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise PlacementError(
+                    f"StridedShard({name}): expected an int, got {v!r} ({type(v).__name__})"
+                )
+        if self.split_factor < 1:
+            raise PlacementError(
+                f"StridedShard(split_factor): expected >= 1 (the number of pieces an "
+                f"inner mesh axis cut first), got {self.split_factor}"
+            )
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __str__(self) -> str:
+        return f"S({self.dim},sf={self.split_factor})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,8 +49,11 @@ import torch
 from dtensor import _comm
 from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost, reduce_runs
 from dtensor._norm_wire import refuse_negative
+from dtensor.errors import PlacementError
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range
+from dtensor.strided import has_strided
+from dtensor.strided import redistribute as _strided_redistribute
 
 __all__ = [
     "Step",
@@ -100,6 +103,11 @@ def plan(
     placement bookkeeping stays exact; ``execute`` skips their collectives.
     """
     shape = None if global_shape is None else tuple(global_shape)
+    if has_strided(src) or has_strided(dst):
+        raise PlacementError(
+            f"plan: {tuple(src)} -> {tuple(dst)} has StridedShard axes, which have no "
+            "per-axis steps; redistribute_local moves them (gather, then cut locally)"
+        )
     return _plan(tuple(src), tuple(dst), tuple(mesh_shape), shape)
 
 
@@ -327,6 +335,9 @@ def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) 
     mesh = src.mesh
     if mesh.get_coordinate() is None:
         return local if src.placements == dst.placements else empty_local(dst, local.device)
+    if src.placements != dst.placements and (
+            has_strided(src.placements) or has_strided(dst.placements)):
+        return _strided_redistribute(local, src, dst, redistribute_local)
     steps = plan(src.placements, dst.placements, mesh.shape, src.shape)
     if not steps:
         return local

@@ -34,6 +34,7 @@ from dtensor.placement import (
     Placement,
     Replicate,
     Shard,
+    StridedShard,
     format_placements,
     replicated,
 )
@@ -45,9 +46,12 @@ __all__ = [
     "DTensorSpec",
     "TensorMeta",
     "contiguous_stride",
+    "cut_runs",
     "local_block",
+    "local_shape",
     "normalize_placements",
     "shard_range",
+    "strided_runs",
 ]
 
 _DTYPE_SHORT = {
@@ -147,7 +151,7 @@ def _normalize(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[Placement,
             raise PlacementError(
                 f"placements[{axis}]: expected Shard/Replicate/Partial, got {p!r}"
             )
-        if isinstance(p, Shard):
+        if isinstance(p, (Shard, StridedShard)):
             dim = p.dim + tensor_ndim if p.dim < 0 else p.dim
             if not 0 <= dim < tensor_ndim:
                 raise ShardDimError(
@@ -157,8 +161,10 @@ def _normalize(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[Placement,
                     else f"placements[{axis}] = {p}: a 0-d tensor cannot be "
                     "sharded; use Replicate() or Partial()"
                 )
-            if dim != p.dim:
-                p = Shard(dim)
+            if isinstance(p, StridedShard) and p.split_factor == 1:
+                p = Shard(dim)  # one piece first: plain Shard, one canonical value
+            elif dim != p.dim:
+                p = Shard(dim) if isinstance(p, Shard) else StridedShard(dim, p.split_factor)
         out.append(p)
     return tuple(out)
 
@@ -265,6 +271,10 @@ class DTensorSpec:
         """(local shape, global offset) of the shard at ``coordinate``."""
         return local_block(self.shape, self.mesh.shape, self.placements, coordinate)
 
+    def local_shape(self, coordinate: Sequence[int] | None) -> tuple[int, ...]:
+        """Shape of the block at ``coordinate`` (``StridedShard`` included)."""
+        return local_shape(self.shape, self.mesh.shape, self.placements, coordinate)
+
     def __str__(self) -> str:
         return f"{self.tensor_meta}{format_placements(self.placements)}"
 
@@ -332,4 +342,58 @@ def local_block(
             start, length = shard_range(shape[p.dim], mesh_shape[axis], coordinate[axis])
             offset[p.dim] += start
             shape[p.dim] = length
+        elif isinstance(p, StridedShard):
+            # Callers index global data by offset: refuse rather than misread.
+            raise PlacementError(
+                f"local_block: placements {format_placements(tuple(placements))} hold "
+                f"interleaved rows on axis {axis} ({p}); a block has no single offset. "
+                "Use dtensor.strided.block_runs for its rows or local_shape for its "
+                "shape, or redistribute to Shard/Replicate first"
+            )
     return tuple(shape), tuple(offset)
+
+
+def strided_runs(
+    size: int, num_pieces: int, split_factor: int, index: int
+) -> tuple[tuple[int, int], ...]:
+    """(start, length) runs of piece ``index`` of a ``size``-row block cut
+    ``num_pieces`` ways by ``StridedShard(_, split_factor)``: sub-piece
+    ``index`` of each chunk in order; empty runs dropped, touching ones merged.
+
+    Example:
+        >>> strided_runs(5, 2, 2, 0)      # chunks [0,1,2] [3,4] -> [0,1] + [3]
+        ((0, 2), (3, 1))
+    """
+    runs: list[tuple[int, int]] = []
+    for j in range(split_factor):
+        outer, outer_len = shard_range(size, split_factor, j)
+        start, length = shard_range(outer_len, num_pieces, index)
+        if length == 0:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == outer + start:
+            runs[-1] = (runs[-1][0], runs[-1][1] + length)
+        else:
+            runs.append((outer + start, length))
+    return tuple(runs)
+
+
+def cut_runs(size: int, p: Placement, n: int, index: int) -> tuple[tuple[int, int], ...]:
+    """Runs of piece ``index`` of ``n`` cut from ``size`` rows by Shard/StridedShard ``p``."""
+    if isinstance(p, StridedShard):
+        return strided_runs(size, n, p.split_factor, index)
+    start, length = shard_range(size, n, index)
+    return ((start, length),) if length else ()
+
+
+def local_shape(global_shape: Sequence[int], mesh_shape: Sequence[int],
+                placements: Sequence[Placement], coordinate: Sequence[int] | None,
+                ) -> tuple[int, ...]:
+    """Shape of the block at ``coordinate``; see ``local_block`` (None: empty)."""
+    if coordinate is None:
+        return local_block(global_shape, mesh_shape, placements, None)[0]
+    shape = list(global_shape)
+    for axis, p in enumerate(placements):
+        if isinstance(p, (Shard, StridedShard)):
+            runs = cut_runs(shape[p.dim], p, mesh_shape[axis], coordinate[axis])
+            shape[p.dim] = sum(length for _, length in runs)
+    return tuple(shape)

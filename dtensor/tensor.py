@@ -25,7 +25,6 @@ from dtensor.mesh import resolve_mesh as _resolve_mesh  # its old home; importer
 from dtensor.placement import (
     Placement,
     Replicate,
-    Shard,
     format_placements,
     replicated,
 )
@@ -223,7 +222,7 @@ class DTensor(torch.Tensor):
         if coord is None:
             local_tensor = _empty_local(spec, local_tensor.device)
         elif not run_check and len(shape) == local_tensor.ndim:
-            expected, _ = spec.local_block(coord)
+            expected = spec.local_shape(coord)
             if tuple(local_tensor.shape) != expected:
                 raise PlacementError(
                     f"from_local: local block of shape {tuple(local_tensor.shape)} does "
@@ -308,7 +307,7 @@ def _global_shape_stride(local: torch.Tensor, mesh: DeviceMesh, placements, infe
     """
     shape, stride = list(local.shape), list(local.stride())
     for axis, p in enumerate(placements):
-        if isinstance(p, Shard):
+        if p.is_shard():  # Shard and StridedShard: even pieces of the dim
             shape[p.dim] *= mesh.shape[axis]
             pivot = stride[p.dim]
             for d in range(len(stride)):

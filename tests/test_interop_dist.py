@@ -13,6 +13,7 @@ from dtensor import (
     PlacementError,
     Replicate,
     Shard,
+    StridedShard,
     distribute_tensor,
 )
 from dtensor.interop import from_torch, to_torch
@@ -113,5 +114,10 @@ def test_bad_input_is_a_clear_error_on_every_rank(world) -> None:
 
     tmesh = TorchMesh.from_group(world.group, "cpu")
     t = ttensor.DTensor.from_local(torch.ones(2, 2), tmesh, [_StridedShard(0, split_factor=2)])
+    assert from_torch(t).placements == (StridedShard(0, 2),)  # a counterpart, kept
+    assert to_torch(from_torch(t)).placements == (_StridedShard(0, split_factor=2),)
+    from torch.distributed.tensor.placement_types import _MaskPartial
+
+    t = ttensor.DTensor.from_local(torch.ones(2, 2), tmesh, [_MaskPartial()])
     with pytest.raises(PlacementError, match="no dtensor counterpart"):
         from_torch(t)

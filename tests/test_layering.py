@@ -118,7 +118,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_comm.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",
         "_compile.py", "_local_check.py",
     )),
-    ("redistribute", ("redistribute.py",)),
+    ("redistribute", ("redistribute.py", "strided.py")),
     ("sharding", ("sharding.py", "rules/")),
     ("dispatch", ("dispatch/",)),
     ("tensor", (

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from dtensor.placement import Partial, Placement, Shard
+from dtensor.placement import Partial, Placement, Shard, StridedShard
 from dtensor.spec import local_block
+from dtensor.strided import block_runs, has_strided
 
 __all__ = ["IMPLS", "Impl", "exact_split", "get_impl", "partial_piece"]
 
@@ -61,6 +62,8 @@ class Impl:
                 out.append(self.Shard(p.dim))
             elif isinstance(p, Partial):
                 out.append(self.Partial(p.reduce_op))
+            elif isinstance(p, StridedShard):
+                out.append(p if self.name == "dtensor" else _torch_strided(p))
             else:
                 out.append(self.Replicate())
         return tuple(out)
@@ -104,9 +107,16 @@ class Impl:
         """
         coord = mesh.get_coordinate()
         ours = tuple(ps)
-        shape, offset = local_block(x.shape, tuple(mesh.shape), ours, coord)
+        strided = coord is not None and has_strided(ours)
+        shape, offset = local_block(x.shape, tuple(mesh.shape),
+                                    ours if not strided else (), None if strided else coord)
         if coord is None:
             local = torch.empty(shape, dtype=x.dtype)
+        elif strided:  # interleaved rows: gather them by index
+            local = x
+            for d, runs in enumerate(block_runs(x.shape, tuple(mesh.shape), ours, coord)):
+                rows = [i for s, n in runs for i in range(s, s + n)]
+                local = local.index_select(d, torch.tensor(rows, dtype=torch.long))
         else:
             idx = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
             local = x[idx].clone()
@@ -195,6 +205,12 @@ def _world_key() -> str:
     # And per rank: a simulated world (launch/sim/world.py) hosts every rank in
     # this process, and a mesh holds its own rank's coordinate and groups.
     return f"{_comm.world_tag()}/{_comm.get_rank()}"
+
+
+def _torch_strided(p: StridedShard):
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(p.dim, split_factor=p.split_factor)
 
 
 @functools.lru_cache(maxsize=256)

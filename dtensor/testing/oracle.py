@@ -58,13 +58,24 @@ def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
     """
     idx = [torch.arange(n) for n in global_shape]
     for axis, p in enumerate(placements):
-        if type(p).__name__ != "Shard":
+        kind = type(p).__name__
+        if kind not in ("Shard", "StridedShard", "_StridedShard"):
             continue
         d = p.dim % len(idx)
-        pieces = torch.chunk(idx[d], mesh_shape[axis]) if idx[d].numel() else ()
-        c = coordinate[axis]
-        idx[d] = pieces[c] if c < len(pieces) else idx[d][:0]
+        c, n = coordinate[axis], mesh_shape[axis]
+        if kind == "Shard":
+            idx[d] = _piece(idx[d], n, c)
+        else:  # sub-piece c of each of split_factor chunks, concatenated
+            chunks = [_piece(idx[d], int(p.split_factor), j)
+                      for j in range(int(p.split_factor))]
+            idx[d] = torch.cat([_piece(part, n, c) for part in chunks])
     return idx
+
+
+def _piece(idx: torch.Tensor, n: int, c: int) -> torch.Tensor:
+    """Piece ``c`` of ``torch.chunk(idx, n)``; empty where chunk has none."""
+    pieces = torch.chunk(idx, n) if idx.numel() else ()
+    return pieces[c] if c < len(pieces) else idx[:0]
 
 
 def assert_coordinate(mesh: Any, *, msg: str = "") -> tuple[int, ...] | None:
@@ -143,7 +154,15 @@ def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float 
         raise AssertionError(f"{where}: local shape {tuple(local.shape)}, expected {shape} "
                              "(torch.chunk of each sharded dim at the mesh coordinate)")
     spec = getattr(dt, "_spec", None)
-    if spec is not None and hasattr(spec, "local_block"):
+    if spec is not None and any(type(p).__name__ == "StridedShard" for p in placements):
+        from dtensor.strided import block_runs  # no single offset: compare the rows
+
+        runs = block_runs(gshape, tuple(mesh.shape), placements, coord)
+        got = [[g for s, n in r for g in range(s, s + n)] for r in runs]
+        if tuple(spec.local_shape(coord)) != shape or got != [i.tolist() for i in idx]:
+            raise AssertionError(f"{where}: the runtime's layout math says rows {runs}, "
+                                 f"shape {spec.local_shape(coord)}")
+    elif spec is not None and hasattr(spec, "local_block"):
         r_shape, r_offset = spec.local_block(coord)
         bad = [d for d, n in enumerate(shape) if n and r_offset[d] != offset[d]]
         if tuple(r_shape) != shape or bad:
