@@ -321,7 +321,7 @@ def elementwise_loss_backward_rule(call):
     # grad_output is 0-d (what autograd passes for 'sum'/'mean') or, as one
     # device also accepts, self's shape: then it is element-wise like 'none'.
     per_element = g.shape == x.shape
-    if g.shape and not per_element:
+    if not per_element and (g.shape or reduction == 0):
         return None
     shards = zip(x.placements, t.placements, g.placements, strict=True)
     want = tuple(
