@@ -16,8 +16,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 from _comm_bytes import CommBytes, wire_bytes
 from redistribute_bytes import lower_bound
 
-W2 = pytest.mark.world_size(2)
-
 
 def test_wire_bytes_ring_model() -> None:
     assert wire_bytes("all_gather", 64, 4) == 48
@@ -39,7 +37,7 @@ def test_lower_bound_known_pairs() -> None:
     assert lower_bound(("S0",), ("S1",), (2,), even) == 64
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_counts_inplace_and_functional_collectives(world) -> None:
     with CommBytes() as cb:
         t = torch.ones(4)
@@ -57,7 +55,7 @@ def test_counts_inplace_and_functional_collectives(world) -> None:
     assert t.tolist() == [2.0] * 4  # the mode passes the op through unchanged
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_counts_both_runtimes_alike_including_implicit_redistributes(world) -> None:
     import torch.distributed.tensor as tdt
 

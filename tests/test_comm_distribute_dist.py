@@ -13,7 +13,6 @@ import torch
 from dtensor import DeviceMesh, DTensor, Partial, PlacementError, Replicate, Shard, distribute_tensor
 from dtensor.debug import CommDebugMode
 
-W4 = pytest.mark.world_size(4)
 LAYOUTS_2D = [
     (Shard(0), Shard(1)),
     (Shard(0), Shard(0)),
@@ -30,7 +29,7 @@ def _x(shape, dtype=torch.float32) -> torch.Tensor:
     return x.to(dtype)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("rows", [8, 5, 2], ids=["even", "uneven", "empty-shards"])
 def test_shard_is_scattered_from_the_source(world, rows) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
@@ -45,7 +44,7 @@ def test_shard_is_scattered_from_the_source(world, rows) -> None:
     torch.testing.assert_close(d.full_tensor(), x)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("layout", LAYOUTS_2D, ids=str)
 @pytest.mark.parametrize("src", [0, 1])
 def test_2d_layouts_hold_the_source_copy(world, layout, src) -> None:
@@ -58,7 +57,7 @@ def test_2d_layouts_hold_the_source_copy(world, layout, src) -> None:
     torch.testing.assert_close(d.full_tensor(), x)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("dtype", [torch.bool, torch.complex64, torch.int16], ids=str)
 def test_scatter_carries_dtypes_gloo_lacks(world, dtype) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
@@ -68,7 +67,7 @@ def test_scatter_carries_dtypes_gloo_lacks(world, dtype) -> None:
     assert torch.equal(d.full_tensor(), x)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_from_local_of_a_dtensor_raises(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     d = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
@@ -76,7 +75,7 @@ def test_from_local_of_a_dtensor_raises(world) -> None:
         DTensor.from_local(d, mesh, [Shard(0)])
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_distribute_tensor_of_a_dtensor(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     d = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
@@ -87,7 +86,7 @@ def test_distribute_tensor_of_a_dtensor(world) -> None:
         distribute_tensor(d, DeviceMesh("cpu", [[0, 1], [2, 3]]), [Shard(0), Replicate()])
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_checkpoint_shard_of_a_partial_names_the_problem(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     p = DTensor.from_local(torch.ones(2), mesh, [Partial()])

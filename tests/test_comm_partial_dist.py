@@ -19,12 +19,7 @@ from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_t
 from dtensor.debug import CommDebugMode
 from dtensor.parallel import RowwiseParallel, parallelize_module
 
-W4 = pytest.mark.world_size(4)
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-
-
-def _mesh(n: int = 4) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
 
 
 def _pieces(shape, mesh: DeviceMesh, kind: str = "sum", seed: int = 0):
@@ -42,9 +37,11 @@ def _counts(comm: CommDebugMode) -> dict[str, int]:
     return {k: comm.get_comm_counts()[k] for k in keys if comm.get_comm_counts()[k]}
 
 
-@W4
-def test_partial_sum_plus_replicate_stays_partial_without_communication(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(4)
+def test_partial_sum_plus_replicate_stays_partial_without_communication(
+    line_mesh, world
+) -> None:
+    mesh = line_mesh(4)
     a, want_a = _pieces((6, 5), mesh)
     b = torch.randn(5, generator=torch.Generator().manual_seed(3))
     rb = distribute_tensor(b, mesh, [Replicate()])
@@ -60,9 +57,9 @@ def test_partial_sum_plus_replicate_stays_partial_without_communication(world) -
     torch.testing.assert_close(out.full_tensor(), b - want_a, **TOL)
 
 
-@W4
-def test_partial_times_partial_reduces_one_operand(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(4)
+def test_partial_times_partial_reduces_one_operand(line_mesh, world) -> None:
+    mesh = line_mesh(4)
     a, want_a = _pieces((6, 5), mesh, seed=1)
     b, want_b = _pieces((6, 5), mesh, seed=2)
     with CommDebugMode() as comm:
@@ -72,9 +69,9 @@ def test_partial_times_partial_reduces_one_operand(world) -> None:
     torch.testing.assert_close(out.full_tensor(), want_a * want_b, **TOL)
 
 
-@W4
-def test_maximum_keeps_a_partial_max_and_reduces_the_other(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(4)
+def test_maximum_keeps_a_partial_max_and_reduces_the_other(line_mesh, world) -> None:
+    mesh = line_mesh(4)
     a, want_a = _pieces((6, 5), mesh, "max", seed=4)
     b, want_b = _pieces((6, 5), mesh, "sum", seed=5)
     with CommDebugMode() as comm:
@@ -90,11 +87,13 @@ def test_maximum_keeps_a_partial_max_and_reduces_the_other(world) -> None:
     torch.testing.assert_close(out.full_tensor(), torch.minimum(want_c, want_b), **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("ord", [math.inf, 0.0, 1.0, 2.0, 3.0], ids=str)
 @pytest.mark.parametrize("rows", [12, 5, 2], ids=["even", "uneven", "empty-shards"])
-def test_vector_norm_of_a_sharded_dim_is_partial_without_communication(world, ord, rows) -> None:
-    mesh = _mesh()
+def test_vector_norm_of_a_sharded_dim_is_partial_without_communication(
+    line_mesh, world, ord, rows
+) -> None:
+    mesh = line_mesh(4)
     x = torch.randn(rows, 3, generator=torch.Generator().manual_seed(rows))
     d = distribute_tensor(x, mesh, [Shard(0)])
     for dim in (None, 0):
@@ -106,9 +105,9 @@ def test_vector_norm_of_a_sharded_dim_is_partial_without_communication(world, or
                                    **TOL)
 
 
-@W4
-def test_gradient_of_a_partial_stays_partial(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(4)
+def test_gradient_of_a_partial_stays_partial(line_mesh, world) -> None:
+    mesh = line_mesh(4)
     p = distribute_tensor(torch.ones(12, 3, requires_grad=True), mesh, [Partial()])
     r = p.redistribute(mesh, [Partial()])
     with CommDebugMode() as comm:
@@ -119,9 +118,9 @@ def test_gradient_of_a_partial_stays_partial(world) -> None:
     torch.testing.assert_close(p.grad.full_tensor(), torch.full((12, 3), 4.0))
 
 
-@W4
-def test_rowwise_shard0_output_backward_gathers_once(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(4)
+def test_rowwise_shard0_output_backward_gathers_once(line_mesh, world) -> None:
+    mesh = line_mesh(4)
     torch.manual_seed(0)
     ref = nn.Linear(8, 6)
     mod = parallelize_module(nn.Linear(8, 6), mesh, RowwiseParallel(output_layouts=Shard(0)))
@@ -142,7 +141,7 @@ def test_rowwise_shard0_output_backward_gathers_once(world) -> None:
     torch.testing.assert_close(xl.grad, xr.grad.chunk(4, 1)[me], **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("kind", ["sum", "avg", "max"])
 def test_partial_on_two_axes_reduces_in_one_all_reduce(world, kind) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("a", "b"))

@@ -11,15 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from dtensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from dtensor.debug import CommDebugMode
 
-W4 = pytest.mark.world_size(4)
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-
-
-def _mesh() -> DeviceMesh:
-    return DeviceMesh("cpu", [0, 1, 2, 3])
 
 
 def _x(*shape) -> torch.Tensor:
@@ -58,61 +53,63 @@ CASES = {
 }
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("name", list(CASES))
-def test_batch_sharded_ops_send_nothing(world, name) -> None:
+def test_batch_sharded_ops_send_nothing(line_mesh, world, name) -> None:
     fn, shape = CASES[name]
     x = _x(*shape)
-    d = distribute_tensor(x, _mesh(), [Shard(0)])
+    d = distribute_tensor(x, line_mesh(4), [Shard(0)])
     got, sent = _quiet(fn, d)
     assert sent == 0, (name, sent)  # PyTorch: 0 (the batch shard stays)
     torch.testing.assert_close(_full(got), fn(x), **TOL)
 
 
-@W4
-def test_histc_with_a_range_counts_per_shard(world) -> None:
+@pytest.mark.world_size(4)
+def test_histc_with_a_range_counts_per_shard(line_mesh, world) -> None:
     x = _x(9, 4)
-    d = distribute_tensor(x, _mesh(), [Shard(0)])
+    d = distribute_tensor(x, line_mesh(4), [Shard(0)])
     got, sent = _quiet(lambda a: torch.histc(a, 6, -1.5, 1.5), d)
     assert sent == 0 and got.placements == (Partial(),)
     torch.testing.assert_close(got.full_tensor(), torch.histc(x, 6, -1.5, 1.5))
 
 
-def _pieces(x: torch.Tensor, kind: str) -> DTensor:
-    """4 ranks' pieces of ``Partial(kind)`` whose reduction is ``x``."""
-    me = _mesh().get_coordinate()[0]
+def _pieces(mesh, x: torch.Tensor, kind: str) -> DTensor:
+    """4 ranks' pieces of ``Partial(kind)`` on ``mesh`` whose reduction is ``x``."""
+    me = mesh.get_coordinate()[0]
     if kind == "sum":
         local = x / 4
     else:  # max/min: one rank holds x, the others a worse value
         local = x if me == 2 else x + (-1.0 if kind == "max" else 1.0)
-    return DTensor.from_local(local, _mesh(), [Partial(kind)], run_check=False)
+    return DTensor.from_local(local, mesh, [Partial(kind)], run_check=False)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("kind", ["max", "min", "sum"])
-def test_cat_of_pieces_and_replicated_values_sends_nothing(world, kind) -> None:
+def test_cat_of_pieces_and_replicated_values_sends_nothing(
+    line_mesh, world, kind
+) -> None:
     x, y = _x(3, 4), _x(2, 4)
-    a = _pieces(x, kind)
-    b = distribute_tensor(y, _mesh(), [Replicate()])
+    a = _pieces(line_mesh(4), x, kind)
+    b = distribute_tensor(y, line_mesh(4), [Replicate()])
     got, sent = _quiet(lambda p, q: torch.cat([p, q, p]), a, b)
     assert sent == 0 and got.placements == (Partial(kind),)
     torch.testing.assert_close(got.full_tensor(), torch.cat([x, y, x]), **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("kind", ["max", "min"])
 @pytest.mark.parametrize("fn", [lambda a: a.clamp(-0.5, 0.5), torch.relu, torch.exp,
                                 torch.floor], ids=["clamp", "relu", "exp", "floor"])
-def test_monotone_ops_keep_max_and_min_pieces(world, kind, fn) -> None:
+def test_monotone_ops_keep_max_and_min_pieces(line_mesh, world, kind, fn) -> None:
     x = _x(5, 3)
-    got, sent = _quiet(fn, _pieces(x, kind))
+    got, sent = _quiet(fn, _pieces(line_mesh(4), x, kind))
     assert sent == 0 and got.placements == (Partial(kind),)
     torch.testing.assert_close(got.full_tensor(), fn(x), **TOL)
 
 
-@W4
-def test_avg_pool_keeps_pieces_of_a_sum(world) -> None:
+@pytest.mark.world_size(4)
+def test_avg_pool_keeps_pieces_of_a_sum(line_mesh, world) -> None:
     x = _x(2, 2, 4, 4)
-    got, sent = _quiet(lambda a: F.avg_pool2d(a, 2), _pieces(x, "sum"))
+    got, sent = _quiet(lambda a: F.avg_pool2d(a, 2), _pieces(line_mesh(4), x, "sum"))
     assert sent == 0 and got.placements == (Partial(),)
     torch.testing.assert_close(got.full_tensor(), F.avg_pool2d(x, 2), **TOL)

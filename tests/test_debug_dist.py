@@ -19,12 +19,10 @@ from dtensor import (
 )
 from dtensor.debug import CommCounter, CommDebugMode, visualize_sharding
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
 funcol = torch.ops.c10d_functional
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_comm_counter_counts_and_bytes(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
@@ -35,7 +33,7 @@ def test_comm_counter_counts_and_bytes(world) -> None:
     assert c.bytes == {"all_gather": 2 * local_bytes} and c.total_bytes == 2 * local_bytes
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_comm_debug_mode_uses_torch_keys_and_reports_bytes(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.ones(4, 6, dtype=torch.float64), mesh, [Shard(0)])
@@ -85,7 +83,7 @@ class _Net(torch.nn.Module):
         return self.row(x).sum()
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_comm_debug_mode_breaks_counts_down_by_module_and_phase(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     net = _Net(mesh)
@@ -120,7 +118,7 @@ class _MLP(torch.nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_comm_debug_mode_files_tp_collectives_under_layer_and_phase_as_torch(world) -> None:
     # PyTorch's test_MLP_module_tracing: the row-parallel output all-reduce is
     # net2's forward (it runs in a forward hook), the column-parallel input
@@ -169,7 +167,7 @@ def _parse(table: str) -> dict[int, tuple[slice, slice]]:
     return out
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize(
     ("shape", "placements"),
     [
@@ -201,7 +199,7 @@ def test_visualize_sharding_cells_name_the_ranks_that_hold_each_block(world, sha
     assert mine.shape == want.shape
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_visualize_sharding_prints_once_by_default(world, capsys) -> None:
     mesh = DeviceMesh("cpu", [[2, 3], [0, 1]])
     x = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0), Shard(1)])
@@ -217,7 +215,7 @@ def test_visualize_sharding_prints_once_by_default(world, capsys) -> None:
         assert printed == "" and got is None
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_visualize_sharding_rejects_3d_on_every_rank_and_skips_outsiders(world) -> None:
     mesh = DeviceMesh("cpu", [1])
     x = distribute_tensor(torch.ones(2, 2, 2), mesh, [Shard(0)])

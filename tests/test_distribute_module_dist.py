@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from dtensor import (
-    DeviceMesh,
     DTensor,
     MeshError,
     Replicate,
@@ -19,12 +18,6 @@ from dtensor import (
     distribute_tensor,
 )
 from dtensor.parallel import PlanError
-
-W2 = pytest.mark.world_size(2)
-
-
-def _mesh() -> DeviceMesh:
-    return DeviceMesh("cpu", [0, 1])
 
 
 class WithBuffer(nn.Module):
@@ -38,12 +31,12 @@ class WithBuffer(nn.Module):
         return self.lin(x) * self.scale
 
 
-@W2
-def test_default_replicates_everything_from_the_first_rank(world) -> None:
+@pytest.mark.world_size(2)
+def test_default_replicates_everything_from_the_first_rank(line_mesh, world) -> None:
     m = WithBuffer()
     with torch.no_grad():
         m.lin.weight.fill_(float(world.rank + 1))
-    distribute_module(m, _mesh())
+    distribute_module(m, line_mesh(2))
     for name, t in [*m.named_parameters(), *m.named_buffers()]:
         assert isinstance(t, DTensor) and t.placements == (Replicate(),), name
     assert isinstance(m.lin.weight, nn.Parameter)
@@ -51,9 +44,9 @@ def test_default_replicates_everything_from_the_first_rank(world) -> None:
     assert not m.frozen.requires_grad and m.lin.weight.requires_grad
 
 
-@W2
-def test_partition_fn_input_fn_output_fn(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_partition_fn_input_fn_output_fn(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     seen = []
 
     def partition(name, mod, mesh):
@@ -80,9 +73,9 @@ def test_partition_fn_input_fn_output_fn(world) -> None:
     torch.testing.assert_close(out, ref(x))
 
 
-@W2
-def test_two_argument_hooks_are_deprecated_but_work(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_two_argument_hooks_are_deprecated_but_work(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     with pytest.warns(FutureWarning, match="deprecated"):
         m = distribute_module(
             nn.Linear(2, 2), mesh,
@@ -93,9 +86,9 @@ def test_two_argument_hooks_are_deprecated_but_work(world) -> None:
     assert not isinstance(out, DTensor) and out.shape == (1, 2)
 
 
-@W2
-def test_bad_input(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_bad_input(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     with pytest.raises(PlanError, match="must take 3 arguments") as e:
         distribute_module(nn.Linear(2, 2), mesh, input_fn=lambda a, b, c, d: a)
     assert isinstance(e.value, ValueError)
@@ -111,11 +104,11 @@ def test_bad_input(world) -> None:
         assert distribute_module(nn.Linear(2, 2)).weight.device_mesh == mesh
 
 
-@W2
-def test_meta_module_is_laid_out_without_communication(world) -> None:
+@pytest.mark.world_size(2)
+def test_meta_module_is_laid_out_without_communication(line_mesh, world) -> None:
     from dtensor.debug import CommCounter
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     with torch.device("meta"):
         m = nn.Linear(4, 6)
 
@@ -127,39 +120,41 @@ def test_meta_module_is_laid_out_without_communication(world) -> None:
     assert m.weight.to_local().shape == (6, 4) and not m.bias.is_meta
 
 
-@W2
-def test_distribute_tensor_of_a_meta_tensor_is_a_meta_dtensor(world) -> None:
+@pytest.mark.world_size(2)
+def test_distribute_tensor_of_a_meta_tensor_is_a_meta_dtensor(line_mesh, world) -> None:
     from dtensor.debug import CommCounter
 
     t = torch.empty(5, 4, device="meta", requires_grad=True)
     with CommCounter() as c:
-        x = distribute_tensor(t, _mesh(), [Shard(0)])
+        x = distribute_tensor(t, line_mesh(2), [Shard(0)])
     assert c.total == 0
     assert isinstance(x, DTensor) and x.is_meta and x.shape == (5, 4)
     assert x.to_local().is_meta and x.to_local().shape == ((3, 4) if world.rank == 0 else (2, 4))
     assert x.requires_grad and x.is_leaf
 
 
-@W2
-def test_meta_init_through_a_partition_fn_then_to_empty_and_init(world) -> None:
+@pytest.mark.world_size(2)
+def test_meta_init_through_a_partition_fn_then_to_empty_and_init(
+    line_mesh, world
+) -> None:
     def shard_rows(name, mod, mesh):
         if isinstance(mod, nn.Linear):
             mod.weight = nn.Parameter(distribute_tensor(mod.weight, mesh, [Shard(0)]))
 
     with torch.device("meta"):
         m = nn.Linear(4, 6)
-    distribute_module(m, _mesh(), shard_rows)
+    distribute_module(m, line_mesh(2), shard_rows)
     assert m.weight.is_meta and m.weight.placements == (Shard(0),)
     m.to_empty(device="cpu")
     with torch.no_grad():
-        m.weight.copy_(distribute_tensor(torch.arange(24.0).reshape(6, 4), _mesh(), [Shard(0)]))
+        m.weight.copy_(distribute_tensor(torch.arange(24.0).reshape(6, 4), line_mesh(2), [Shard(0)]))
         nn.init.ones_(m.bias)
     ref = nn.Linear(4, 6)
     with torch.no_grad():
         ref.weight.copy_(torch.arange(24.0).reshape(6, 4))
         ref.bias.fill_(1.0)
     x = torch.arange(8.0).reshape(2, 4)
-    out = m(distribute_tensor(x, _mesh(), [Replicate()]))
+    out = m(distribute_tensor(x, line_mesh(2), [Replicate()]))
     assert torch.allclose(out.full_tensor(), ref(x))
 
 

@@ -27,10 +27,6 @@ VOCABS = pytest.mark.parametrize("vocab", [8, 10, 5, 3])
 DIM = 6
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _same(got, want, where: str) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape, (where, got.shape, want.shape)
     torch.testing.assert_close(got, want, atol=0, rtol=0, msg=lambda m: f"{where}: {m}")
@@ -48,13 +44,13 @@ def _edge_ids(vocab: int, pieces: int) -> torch.Tensor:
 
 @WORLDS
 @VOCABS
-def test_vocab_sharded_lookup_reads_local_rows_only(world, n, vocab) -> None:
+def test_vocab_sharded_lookup_reads_local_rows_only(line_mesh, world, n, vocab) -> None:
     w = torch.randn(vocab, DIM, generator=torch.Generator().manual_seed(vocab))
-    dw = distribute_tensor(w, _mesh(n), [Shard(0)])
+    dw = distribute_tensor(w, line_mesh(n), [Shard(0)])
     ids1 = _edge_ids(vocab, n)
     ids2 = torch.stack([ids1, ids1.flip(0), torch.zeros_like(ids1)])  # [3, L]
     for name, ids in (("1-D", ids1), ("2-D", ids2)):
-        rep = distribute_tensor(ids, _mesh(n), [Replicate()])
+        rep = distribute_tensor(ids, line_mesh(n), [Replicate()])
         for how, given in (("plain", ids), ("Replicate", rep)):
             where = f"{name} {how} indices, vocab {vocab} on {n} ranks"
             with CommCounter() as c, implicit_replication():
@@ -67,12 +63,12 @@ def test_vocab_sharded_lookup_reads_local_rows_only(world, n, vocab) -> None:
 
 
 @WORLDS
-def test_a_large_table_stays_put(world, n) -> None:
+def test_a_large_table_stays_put(line_mesh, world, n) -> None:
     vocab = 1001  # uneven at 2 and 4 ranks
     w = torch.randn(vocab, DIM, generator=torch.Generator().manual_seed(0))
-    dw = distribute_tensor(w, _mesh(n), [Shard(0)])
+    dw = distribute_tensor(w, line_mesh(n), [Shard(0)])
     ids = torch.tensor([[0, 1000, 500], [250, 251, 999]])
-    di = distribute_tensor(ids, _mesh(n), [Replicate()])
+    di = distribute_tensor(ids, line_mesh(n), [Replicate()])
     with CommCounter() as c:
         full = F.embedding(di, dw).full_tensor()
     # 144 B for the 6 looked-up rows; gathering the table was n * 24024 B
@@ -81,26 +77,28 @@ def test_a_large_table_stays_put(world, n) -> None:
 
 
 @WORLDS
-def test_vocab_sharded_lookup_of_other_dtypes_and_empty_indices(world, n) -> None:
+def test_vocab_sharded_lookup_of_other_dtypes_and_empty_indices(
+    line_mesh, world, n
+) -> None:
     w = torch.randn(7, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    dw = distribute_tensor(w, _mesh(n), [Shard(0)])
+    dw = distribute_tensor(w, line_mesh(n), [Shard(0)])
     for ids in (torch.tensor([6, 0, 3], dtype=torch.int32), torch.zeros(0, 2, dtype=torch.int64)):
-        di = distribute_tensor(ids, _mesh(n), [Replicate()])
+        di = distribute_tensor(ids, line_mesh(n), [Replicate()])
         where = f"ids {ids.dtype} {tuple(ids.shape)}"
         _same(F.embedding(di, dw).full_tensor(), F.embedding(ids, w), where)
 
 
 @WORLDS
-def test_out_of_range_index_raises_like_single_device(world, n) -> None:
+def test_out_of_range_index_raises_like_single_device(line_mesh, world, n) -> None:
     w = torch.randn(5, DIM)
-    dw = distribute_tensor(w, _mesh(n), [Shard(0)])
+    dw = distribute_tensor(w, line_mesh(n), [Shard(0)])
     for bad in (5, -1):
         ids = torch.tensor([0, bad])
         with pytest.raises(IndexError):
             F.embedding(ids, w)
         # not a silent zero row: every rank holds the replicated index and raises
         with pytest.raises(IndexError, match="out of range"):
-            F.embedding(distribute_tensor(ids, _mesh(n), [Replicate()]), dw)
+            F.embedding(distribute_tensor(ids, line_mesh(n), [Replicate()]), dw)
 
 
 @pytest.mark.world_size(4)
@@ -145,14 +143,16 @@ def test_vocab_sharded_lookup_on_a_2d_mesh(world) -> None:
 @pytest.mark.parametrize("kw", [{}, {"padding_idx": -1}, {"padding_idx": 0},
                                 {"scale_grad_by_freq": True}],
                          ids=["plain", "pad-last", "pad-first", "freq"])
-def test_table_gradient_through_autograd_equals_single_device(world, n, vocab, kw) -> None:
+def test_table_gradient_through_autograd_equals_single_device(
+    line_mesh, world, n, vocab, kw
+) -> None:
     torch.manual_seed(vocab)
     ref = nn.Embedding(vocab, DIM, **kw)
     emb = nn.Embedding(vocab, DIM, **kw)
-    emb.weight = nn.Parameter(distribute_tensor(ref.weight.detach().clone(), _mesh(n), [Shard(0)]))
+    emb.weight = nn.Parameter(distribute_tensor(ref.weight.detach().clone(), line_mesh(n), [Shard(0)]))
     ids = torch.stack([_edge_ids(vocab, n), _edge_ids(vocab, n).flip(0)])
     g = torch.randn(*ids.shape, DIM)
-    di = distribute_tensor(ids, _mesh(n), [Replicate()])
+    di = distribute_tensor(ids, line_mesh(n), [Replicate()])
     with CommCounter() as c:
         out = emb(di).full_tensor()
         (out * g).sum().backward()
@@ -173,11 +173,13 @@ def test_table_gradient_through_autograd_equals_single_device(world, n, vocab, k
 
 
 @pytest.mark.world_size(2)
-def test_max_norm_renormalises_the_sharded_table_like_single_device(world) -> None:
+def test_max_norm_renormalises_the_sharded_table_like_single_device(
+    line_mesh, world
+) -> None:
     w = 3 * torch.randn(7, DIM, generator=torch.Generator().manual_seed(5))
-    dw = distribute_tensor(w.clone(), _mesh(2), [Shard(0)])
+    dw = distribute_tensor(w.clone(), line_mesh(2), [Shard(0)])
     ids = torch.tensor([[0, 3, 4], [6, 6, 1]])
-    got = F.embedding(distribute_tensor(ids, _mesh(2), [Replicate()]), dw, max_norm=1.0)
+    got = F.embedding(distribute_tensor(ids, line_mesh(2), [Replicate()]), dw, max_norm=1.0)
     want = F.embedding(ids, w, max_norm=1.0)  # renormalises w's looked-up rows in place
     torch.testing.assert_close(got.full_tensor(), want)
     torch.testing.assert_close(dw.full_tensor(), w)

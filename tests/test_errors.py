@@ -11,7 +11,6 @@ from torch.distributed.device_mesh import DeviceMesh as TorchMesh
 import dtensor as dt
 from dtensor.experimental import local_map
 
-W2 = pytest.mark.world_size(2)
 BUILTINS = (NotImplementedError, KeyError, IndexError, ValueError, RuntimeError)
 
 
@@ -44,7 +43,7 @@ def meshes(world):
     return ours, theirs
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_placement_errors_match_torch(world, meshes) -> None:
     ours, theirs = meshes
     t = torch.ones(4, 4)
@@ -58,7 +57,7 @@ def test_placement_errors_match_torch(world, meshes) -> None:
                 lambda: dt.DTensor.from_local(t, ours, [dt.Shard(0)], stride=(4, 1)))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_mesh_errors_match_torch(world, meshes) -> None:
     ours, theirs = meshes
     e = _same_catch(lambda: theirs["zz"], lambda: ours["zz"])
@@ -70,7 +69,7 @@ def test_mesh_errors_match_torch(world, meshes) -> None:
                 lambda: dt.DeviceMesh("cpu", [0, 1, 2, 3, 4, 5, 6, 7, 8]))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_cross_mesh_and_mixed_operand_errors_match_torch(world, meshes) -> None:
     ours, theirs = meshes
     ours2 = dt.DeviceMesh("cpu", list(world.ranks), mesh_dim_names=("other",))
@@ -85,7 +84,7 @@ def test_cross_mesh_and_mixed_operand_errors_match_torch(world, meshes) -> None:
     _same_catch(lambda: ta + t, lambda: a + t)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_checkpoint_and_local_map_errors_match_torch(world, meshes) -> None:
     ours, theirs = meshes
     t = torch.ones(4)

@@ -17,9 +17,6 @@ from dtensor import (
 from dtensor.debug import CommCounter
 from dtensor.experimental import local_map, register_sharding
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
 
 @torch.library.custom_op("dtensor_c2::row_normalize", mutates_args=())
 def row_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +44,7 @@ def _even() -> torch.Tensor:
     return torch.arange(1.0, 49.0).reshape(8, 6)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_local_map_runs_on_blocks_without_communication(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(_even(), mesh, [Shard(0)]).requires_grad_()
@@ -65,7 +62,7 @@ def test_local_map_runs_on_blocks_without_communication(world) -> None:
     assert torch.equal(x.grad.full_tensor(), 4 * _even())
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_local_map_checks_or_redistributes_inputs(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(_even(), mesh, [Shard(1)])
@@ -88,7 +85,7 @@ def test_local_map_checks_or_redistributes_inputs(world) -> None:
     assert torch.equal(rowsum(torch.ones(2, 3)), torch.full((2,), 3.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_register_sharding_keeps_row_blocks_local(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     want = row_normalize(_full())
@@ -102,7 +99,7 @@ def test_register_sharding_keeps_row_blocks_local(world) -> None:
     assert torch.allclose(z.full_tensor(), want)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_register_sharding_applies_per_mesh_axis(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     x = distribute_tensor(_full(), mesh, [Shard(0), Replicate()])
@@ -112,7 +109,7 @@ def test_register_sharding_applies_per_mesh_axis(world) -> None:
     assert torch.allclose(y.full_tensor(), row_normalize(_full()))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_register_sharding_bad_input_is_a_clear_error(world) -> None:
     with pytest.raises(UnsupportedOpError, match="expected an op overload"):
         register_sharding("not an op")

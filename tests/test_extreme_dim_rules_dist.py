@@ -29,10 +29,6 @@ KEY_BYTES = {torch.float32: 4, torch.int64: 8, torch.float64: 8, torch.float16: 
              torch.bfloat16: 4, torch.int32: 4, torch.uint8: 4}
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _data(shape, dtype, kind: str, seed: int = 0) -> torch.Tensor:
     """'ties': few distinct values (ties everywhere, across shard boundaries);
     'nan': one NaN in the last rows (a later rank's shard) and one in the
@@ -95,9 +91,11 @@ def _amax_calls():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 @SHAPES
-def test_amax_amin_send_one_all_reduce_of_the_output(world, n, dtype, kind, shape) -> None:
+def test_amax_amin_send_one_all_reduce_of_the_output(
+    line_mesh, world, n, dtype, kind, shape
+) -> None:
     x = _data(shape, dtype, kind)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for placement in (Shard(0), Shard(1)):
         d = distribute_tensor(x, mesh, [placement])
         for name, fn, dims in _amax_calls():
@@ -137,9 +135,11 @@ def _along_calls(dim: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 @SHAPES
-def test_argmax_and_max_dim_gather_pairs_not_the_dim(world, n, dtype, kind, shape) -> None:
+def test_argmax_and_max_dim_gather_pairs_not_the_dim(
+    line_mesh, world, n, dtype, kind, shape
+) -> None:
     x = _data(shape, dtype, kind, seed=1)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for placement in (Shard(0), Shard(1)):
         d = distribute_tensor(x, mesh, [placement])
         for dim in (0, 1):
@@ -161,8 +161,8 @@ def test_argmax_and_max_dim_gather_pairs_not_the_dim(world, n, dtype, kind, shap
 
 
 @WORLDS
-def test_ties_across_shard_boundaries_take_the_first_index(world, n) -> None:
-    mesh = _mesh(n)
+def test_ties_across_shard_boundaries_take_the_first_index(line_mesh, world, n) -> None:
+    mesh = line_mesh(n)
     # every rank holds the extreme: the first index, on rank 0, wins
     x = torch.ones(4 * n, 3)
     # the extreme on both sides of the first boundary (and NaNs later)
@@ -181,11 +181,11 @@ def test_ties_across_shard_boundaries_take_the_first_index(world, n) -> None:
 @WORLDS
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16,
                                    torch.int32, torch.uint8], ids=str)
-def test_other_keyed_dtypes(world, n, dtype) -> None:
+def test_other_keyed_dtypes(line_mesh, world, n, dtype) -> None:
     x = _data((7, 4), dtype, "nan" if dtype.is_floating_point else "ties", seed=2)
     if dtype == torch.uint8:
         x = _data((7, 4), torch.int64, "ties", seed=2).add(2).to(dtype)
-    d = distribute_tensor(x, _mesh(n), [Shard(0)])
+    d = distribute_tensor(x, line_mesh(n), [Shard(0)])
     for fn in (lambda t: t.amax(0), lambda t: t.amin((0, 1)), lambda t: t.argmax(0),
                lambda t: torch.min(t, 0).values, lambda t: torch.max(t, 0, True).indices):
         want = fn(x)
@@ -196,13 +196,13 @@ def test_other_keyed_dtypes(world, n, dtype) -> None:
 
 
 @WORLDS
-def test_logits_argmax_on_the_vocab_dim(world, n) -> None:
+def test_logits_argmax_on_the_vocab_dim(line_mesh, world, n) -> None:
     """Accuracy in a tensor-parallel loop: logits sharded on the vocabulary;
     argmax(-1) sends (key, index) per row, not the rows' logits."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 50, generator=g)
     target = logits.argmax(-1)
-    d = distribute_tensor(logits, _mesh(n), [Shard(1)])
+    d = distribute_tensor(logits, line_mesh(n), [Shard(1)])
     with CommCounter() as c:
         pred = d.argmax(-1)
     assert c.bytes == {"all_gather": 2 * 6 * 4 * n}, c.bytes
@@ -211,9 +211,9 @@ def test_logits_argmax_on_the_vocab_dim(world, n) -> None:
 
 
 @WORLDS
-def test_partial_inputs_are_reduced_first(world, n) -> None:
+def test_partial_inputs_are_reduced_first(line_mesh, world, n) -> None:
     x = _data((6, 4), torch.float32, "ties", seed=4)
-    d = distribute_tensor(x, _mesh(n), [Partial()])
+    d = distribute_tensor(x, line_mesh(n), [Partial()])
     for fn in (lambda t: t.amax(0), lambda t: t.argmax(1), lambda t: torch.min(t, 0).values):
         got = fn(d)
         assert got.placements == (Replicate(),)
@@ -221,9 +221,9 @@ def test_partial_inputs_are_reduced_first(world, n) -> None:
 
 
 @WORLDS
-def test_fallbacks_keep_their_values(world, n) -> None:
+def test_fallbacks_keep_their_values(line_mesh, world, n) -> None:
     """Flattened argmax, an empty tensor, bool: the gathering fallback."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     x = _data((5, 3), torch.float32, "nan", seed=5)
     d = distribute_tensor(x, mesh, [Shard(0)])
     _same(d.argmax().full_tensor(), x.argmax(), "argmax()")
@@ -273,12 +273,14 @@ def test_on_a_2d_mesh(world) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 @SHAPES
-def test_aminmax_along_a_sharded_dim_sends_two_outputs(world, n, dtype, kind, shape) -> None:
+def test_aminmax_along_a_sharded_dim_sends_two_outputs(
+    line_mesh, world, n, dtype, kind, shape
+) -> None:
     """``aminmax(dim=d)``: amin and amax over the sharded dim, one all-reduce
     of the output's keys each (was a gather of the dim); an unsharded dim
     sends nothing."""
     x = _data(shape, dtype, kind)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for placement in (Shard(0), Shard(1)):
         d = distribute_tensor(x, mesh, [placement])
         for dim, keepdim in ((0, False), (1, True), (-1, False)):

@@ -18,9 +18,6 @@ from dtensor import (
 )
 from dtensor.interop import from_torch, to_torch
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
 TORCH = {Shard: ttensor.Shard, Replicate: ttensor.Replicate, Partial: ttensor.Partial}
 
 
@@ -37,7 +34,7 @@ def _check_pair(ours, theirs) -> None:
         assert torch.equal(theirs.to_local(), ours.to_local())
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize(
     "placements",
     [[Shard(0), Shard(1)], [Replicate(), Shard(0)], [Shard(1), Partial("max")], [Shard(0), Shard(0)]],
@@ -57,7 +54,7 @@ def test_round_trip_shares_storage_on_2x2_uneven(world, placements) -> None:
     assert torch.equal(back.full_tensor(), x.full_tensor())
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_torch_dtensor_comes_over_and_meshes_map_once(world) -> None:
     from torch.distributed.device_mesh import DeviceMesh as TorchMesh
 
@@ -71,7 +68,7 @@ def test_torch_dtensor_comes_over_and_meshes_map_once(world) -> None:
     assert to_torch(x).device_mesh is to_torch(x).device_mesh
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_gradients_cross_both_ways(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(6.0), mesh, [Shard(0)]).requires_grad_()
@@ -89,7 +86,7 @@ def test_gradients_cross_both_ways(world) -> None:
     assert torch.equal(tleaf.grad.full_tensor(), torch.full((4,), 3.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_sub_mesh_outsider_gets_an_empty_block(world) -> None:
     mesh = DeviceMesh("cpu", [1])
     x = distribute_tensor(torch.arange(3.0), mesh, [Shard(0)])
@@ -103,7 +100,7 @@ def test_sub_mesh_outsider_gets_an_empty_block(world) -> None:
         assert torch.equal(back.to_local(), torch.arange(3.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_bad_input_is_a_clear_error_on_every_rank(world) -> None:
     with pytest.raises(PlacementError, match=r"expected a dtensor\.DTensor, got Tensor"):
         to_torch(torch.ones(2))

@@ -26,10 +26,6 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 C = 4  # classes
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _close(got, want, where: str) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype, (where, got.shape, want.shape)
     torch.testing.assert_close(got, want, equal_nan=True, **TOL,
@@ -84,9 +80,11 @@ ND_SHAPES = {
 @WORLDS
 @pytest.mark.parametrize("name", list(ND_SHAPES))
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_nd_cross_entropy_keeps_the_batch_sharded(world, n, name, reduction) -> None:
+def test_nd_cross_entropy_keeps_the_batch_sharded(
+    line_mesh, world, n, name, reduction
+) -> None:
     shape = ND_SHAPES[name]
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     logits, target, weight = _nd_case(shape, seed=len(shape) * 10 + shape[0])
     batch_dims = [d for d in range(len(shape)) if d != 1]
     for d in batch_dims:
@@ -118,8 +116,8 @@ def test_nd_cross_entropy_keeps_the_batch_sharded(world, n, name, reduction) -> 
 
 
 @WORLDS
-def test_nd_nll_loss_all_ignored_and_class_dim_shards(world, n) -> None:
-    mesh = _mesh(n)
+def test_nd_nll_loss_all_ignored_and_class_dim_shards(line_mesh, world, n) -> None:
+    mesh = line_mesh(n)
     logits, target, weight = _nd_case((5, C, 3, 2), seed=3)
     lsm = logits.log_softmax(1)
     # every target ignored: the global mean is 0/0 = NaN like single device
@@ -175,14 +173,16 @@ def _elementwise_losses():
 @WORLDS
 @pytest.mark.parametrize("shape", [(5, 3), (3,)], ids=["uneven", "empty-shards"])
 @pytest.mark.parametrize("loss_name", list(_elementwise_losses()))
-def test_elementwise_losses_and_their_backward_keep_shards(world, n, shape, loss_name) -> None:
+def test_elementwise_losses_and_their_backward_keep_shards(
+    line_mesh, world, n, shape, loss_name
+) -> None:
     fn = _elementwise_losses()[loss_name]
     g = torch.Generator().manual_seed(11)
     # differences on both sides of beta/delta, so both branches are taken
     x, y = torch.randn(*shape, generator=g) * 2, torch.randn(*shape, generator=g)
     if loss_name == "soft_margin":
         y = y.sign()
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     for d in range(len(shape)):
         for px, py in (([Shard(d)], [Shard(d)]), ([Shard(d)], [Replicate()]),
                        ([Replicate()], [Shard(d)])):

@@ -11,14 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dtensor import DeviceMesh, Replicate, Shard, distribute_tensor
+from dtensor import Replicate, Shard, distribute_tensor
 
 LR = 0.1
 STEPS = 3
-
-
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
 
 
 def _train(params: dict, forward, batches, dist_grad=lambda g: g):
@@ -79,7 +75,7 @@ TENSOR_PARALLEL = {"w1": [Shard(0)], "b1": [Shard(0)], "w2": [Shard(1)]}
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("style", ["tensor_parallel", "data_parallel", "mixed"])
-def test_mlp_trains_like_single_device_on_2_ranks(world, style) -> None:
+def test_mlp_trains_like_single_device_on_2_ranks(line_mesh, world, style) -> None:
     init, batches = _mlp_init()
     if style == "tensor_parallel":
         layout, batch_layout = TENSOR_PARALLEL, ([Replicate()], [Replicate()])
@@ -87,13 +83,13 @@ def test_mlp_trains_like_single_device_on_2_ranks(world, style) -> None:
         layout, batch_layout = {}, ([Shard(0)], [Shard(0)])
     else:  # sharded batch and sharded weights at once
         layout, batch_layout = TENSOR_PARALLEL, ([Shard(0)], [Shard(0)])
-    _compare(_mesh(2), init, layout, _mlp, batches, batch_layout)
+    _compare(line_mesh(2), init, layout, _mlp, batches, batch_layout)
 
 
 @pytest.mark.world_size(4)
-def test_mlp_trains_like_single_device_on_4_ranks(world) -> None:
+def test_mlp_trains_like_single_device_on_4_ranks(line_mesh, world) -> None:
     init, batches = _mlp_init()
-    _compare(_mesh(4), init, TENSOR_PARALLEL, _mlp, batches, ([Replicate()], [Replicate()]))
+    _compare(line_mesh(4), init, TENSOR_PARALLEL, _mlp, batches, ([Replicate()], [Replicate()]))
 
 
 # Transformer block -----------------------------------------------------------------
@@ -146,8 +142,7 @@ BLOCK_TP = {
 
 
 
-def _run_block(n: int, batch_layout) -> None:
-    mesh = _mesh(n)
+def _run_block(mesh, batch_layout) -> None:
     init, batches = _block_init()
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
     dmask = distribute_tensor(mask, mesh, [Replicate()])
@@ -162,22 +157,26 @@ def _run_block(n: int, batch_layout) -> None:
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("batch", ["replicated", "sharded"])
-def test_transformer_block_trains_like_single_device_on_2_ranks(world, batch) -> None:
+def test_transformer_block_trains_like_single_device_on_2_ranks(
+    line_mesh, world, batch
+) -> None:
     layout = [Replicate()] if batch == "replicated" else [Shard(0)]
-    _run_block(2, (layout, layout))
+    _run_block(line_mesh(2), (layout, layout))
 
 
 @pytest.mark.world_size(4)
-def test_transformer_block_trains_like_single_device_on_4_ranks(world) -> None:
-    _run_block(4, ([Replicate()], [Replicate()]))
+def test_transformer_block_trains_like_single_device_on_4_ranks(
+    line_mesh, world
+) -> None:
+    _run_block(line_mesh(4), ([Replicate()], [Replicate()]))
 
 
 @pytest.mark.world_size(2)
-def test_tensor_parallel_mlp_forward_communicates_once(world) -> None:
+def test_tensor_parallel_mlp_forward_communicates_once(line_mesh, world) -> None:
     """Column- then row-parallel: the only collective is the final all-reduce."""
     from dtensor.debug import CommCounter
 
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     init, batches = _mlp_init()
     p = {k: distribute_tensor(v, mesh, TENSOR_PARALLEL.get(k, [Replicate()]))
          for k, v in init.items()}

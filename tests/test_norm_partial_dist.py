@@ -18,7 +18,6 @@ from dtensor import DeviceMesh, DTensor, Partial, PlacementError, Replicate, Sha
 from dtensor.debug import CommCounter
 from dtensor.placement import norm_partial
 
-W4 = pytest.mark.world_size(4)
 ORDERS = [2.0, 1.0, 3.0, 0.0, math.inf]
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -35,7 +34,7 @@ def _pieces(x: torch.Tensor, mesh: DeviceMesh, p: float, axis: int = 0) -> DTens
     return DTensor.from_local(local, mesh, placements, run_check=False)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("p", ORDERS, ids=str)
 @pytest.mark.parametrize("rows", [12, 5, 2], ids=["even", "uneven", "empty-shards"])
 def test_norm_pieces_redistribute_to_the_single_device_norm(world, p, rows) -> None:
@@ -57,7 +56,7 @@ def test_norm_pieces_redistribute_to_the_single_device_norm(world, p, rows) -> N
     torch.testing.assert_close(back.full_tensor(), want, **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("p", [2.0, math.inf], ids=str)
 def test_norm_pieces_on_a_2d_mesh(world, p) -> None:
     """Pieces on both axes of a 2x2 mesh reduce in either order to the norm;
@@ -76,7 +75,7 @@ def test_norm_pieces_on_a_2d_mesh(world, p) -> None:
     torch.testing.assert_close(d.redistribute(mesh, [Shard(0), Replicate()]).full_tensor(), want, **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_nan_in_one_inf_norm_piece_wins(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     local = torch.tensor([1.0, 2.0]) if world.rank != 2 else torch.tensor([math.nan, 5.0])
@@ -85,7 +84,7 @@ def test_nan_in_one_inf_norm_piece_wins(world) -> None:
     assert math.isnan(full[0]) and full[1] == 5.0, full
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_negative_values_refuse_to_become_norm_pieces_on_every_rank(world) -> None:
     """A replicated -1 on coordinate 0 with zeros elsewhere would combine to
     |-1|: every rank raises (none waits in a collective), in redistribute and
@@ -109,7 +108,7 @@ def test_negative_values_refuse_to_become_norm_pieces_on_every_rank(world) -> No
                                torch.tensor([2.0, -3.0]))  # reduced first: the user's way out
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_replicated_norms_join_pieces_and_refuse_once_written_negative(world) -> None:
     """``_foreach_norm``'s replicated results join norm pieces in a stack
     (clip_grad_norm_ does this every step; a 0-dim value is checked by one
@@ -171,7 +170,7 @@ def test_norm_pieces_need_a_floating_dtype(world) -> None:
         DTensor.from_local(torch.tensor([3, 4]), mesh, [norm_partial(2.0)], run_check=False)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("p", [2.0, 1.0, 3.0, 0.0, math.inf, -math.inf], ids=str)
 @pytest.mark.parametrize("rows", [8, 5, 2], ids=["even", "uneven", "empty-shards"])
 def test_dist_of_alike_sharded_operands_is_norm_pieces(world, p, rows) -> None:
@@ -197,7 +196,7 @@ def test_dist_of_alike_sharded_operands_is_norm_pieces(world, p, rows) -> None:
     torch.testing.assert_close(torch.dist(dx, other, p).full_tensor(), want, **TOL)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_factories_and_random_ops_refuse_to_write_possibly_negative_norm_pieces(world) -> None:
     """A constant or a draw written straight into norm pieces would come back
     as its absolute value (coordinate 0 keeps v, the others 0): refused on

@@ -27,13 +27,6 @@ from dtensor import (
 from dtensor.debug import CommCounter
 from dtensor.testing.op_table import TABLE, OpCase
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
-
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
 
 def _layouts(t: torch.Tensor, mesh_ndim: int, partial: bool):
     """Placement tuples to try for one input on a 1-D mesh."""
@@ -97,25 +90,25 @@ def _rand(*shape):
     return torch.randn(*shape)
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
-def test_op_matches_single_device_on_2_ranks(world, op: OpCase) -> None:
+def test_op_matches_single_device_on_2_ranks(line_mesh, world, op: OpCase) -> None:
     inputs = [_rand(*s) for s in op.example]
-    check(op.fn, inputs, _mesh(2), partial=op.partial)
+    check(op.fn, inputs, line_mesh(2), partial=op.partial)
 
 
 _FOUR = ["add_bcast", "sum0", "mean", "mm", "bmm", "view_merge", "view_merge_uneven",
          "cat", "softmax", "layer_norm", "max_dim", "embedding", "cross_entropy"]
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("op", [o for o in OPS if o.name in _FOUR], ids=_FOUR)
-def test_op_matches_single_device_on_4_ranks(world, op: OpCase) -> None:
+def test_op_matches_single_device_on_4_ranks(line_mesh, world, op: OpCase) -> None:
     inputs = [_rand(*s) for s in op.example]
-    check(op.fn, inputs, _mesh(4), partial=op.partial)
+    check(op.fn, inputs, line_mesh(4), partial=op.partial)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_two_dim_mesh_nested_and_mixed_layouts(world) -> None:
     mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
     a, b = torch.randn(5, 6), torch.randn(6, 3)
@@ -132,9 +125,9 @@ def test_two_dim_mesh_nested_and_mixed_layouts(world) -> None:
             check(fn, [a], mesh, combos=[(la,)])
 
 
-@W2
-def test_uneven_and_empty_shards(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_uneven_and_empty_shards(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = torch.randn(1, 4)  # rank 1 holds an empty shard on dim 0
     for fn in (lambda a: a.amax(0), lambda a: a.argmax(), lambda a: a.mean(0),
                lambda a: a.max(0)[0], lambda a: a.sum(), lambda a: a * 2, lambda a: a.view(4),
@@ -145,18 +138,18 @@ def test_uneven_and_empty_shards(world) -> None:
     check(lambda a: F.mse_loss(a, torch.zeros(3, 2)), [y], mesh)
 
 
-@W2
-def test_nan_in_one_shard_survives_max(world) -> None:
+@pytest.mark.world_size(2)
+def test_nan_in_one_shard_survives_max(line_mesh, world) -> None:
     x = torch.randn(4, 3)
     x[3, 1] = float("nan")
-    check(lambda a: a.amax(0), [x], _mesh(2))
-    check(lambda a: a.max(), [x], _mesh(2))
+    check(lambda a: a.amax(0), [x], line_mesh(2))
+    check(lambda a: a.max(), [x], line_mesh(2))
 
 
 # Zero-collective guarantees --------------------------------------------------------
-@W2
-def test_no_communication_where_none_is_needed(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_no_communication_where_none_is_needed(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     a = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
     b = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
     w = distribute_tensor(torch.randn(4, 3), mesh, [Replicate()])
@@ -177,17 +170,17 @@ def test_no_communication_where_none_is_needed(world) -> None:
     assert v.placements == (Shard(1),)
 
 
-@W2
-def test_metadata_ops_alias_the_spec_object(world) -> None:
-    x = distribute_tensor(torch.randn(4, 4), _mesh(2), [Shard(0)])
+@pytest.mark.world_size(2)
+def test_metadata_ops_alias_the_spec_object(line_mesh, world) -> None:
+    x = distribute_tensor(torch.randn(4, 4), line_mesh(2), [Shard(0)])
     assert x.detach()._spec is x._spec
     assert torch.ops.aten.alias(x)._spec is x._spec
 
 
 # Scalars, mixing, errors, fallback -------------------------------------------------
-@W2
-def test_equal_and_scalars_agree_on_every_rank(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_equal_and_scalars_agree_on_every_rank(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     t = torch.randn(5, 3)
     u = t.clone()
     u[4, 2] += 1  # differs only in rank 1's shard
@@ -200,7 +193,7 @@ def test_equal_and_scalars_agree_on_every_rank(world) -> None:
     assert bool((a > -100).all()) is True
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_equal_on_a_sub_mesh_uses_only_its_ranks(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     a = distribute_tensor(torch.ones(4), mesh, [Shard(0)])
@@ -212,9 +205,9 @@ def test_equal_on_a_sub_mesh_uses_only_its_ranks(world) -> None:
         assert c.total == 0 and not r
 
 
-@W2
-def test_plain_tensors_mix_only_when_tiny_or_allowed(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_plain_tensors_mix_only_when_tiny_or_allowed(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     a = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
     assert torch.equal((a + torch.tensor(2.0)).full_tensor(), torch.full((4, 2), 3.0))
     assert torch.equal((a * torch.tensor([2.0])).full_tensor(), torch.full((4, 2), 2.0))
@@ -224,15 +217,15 @@ def test_plain_tensors_mix_only_when_tiny_or_allowed(world) -> None:
         assert torch.equal((a + torch.ones(2)).full_tensor(), torch.full((4, 2), 2.0))
 
 
-@W2
-def test_random_ops_without_a_handler_raise_clearly(world) -> None:
-    a = distribute_tensor(torch.ones(4, 2), _mesh(2), [Shard(0)])
+@pytest.mark.world_size(2)
+def test_random_ops_without_a_handler_raise_clearly(line_mesh, world) -> None:
+    a = distribute_tensor(torch.ones(4, 2), line_mesh(2), [Shard(0)])
     with pytest.raises(UnsupportedOpError, match=r"random ops on DTensors land with dtensor\.random"):
         torch.ops.aten.rrelu_with_noise(a, a.detach().clone(), 0.1, 0.3, True)
 
 
-@W2
-def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
+@pytest.mark.world_size(2)
+def test_fallback_is_correct_and_logs_once(line_mesh, world, caplog) -> None:
     # A new op (no other test can have logged it) with no rule, called on
     # three shapes: each call is a new call key, so each one propagates and
     # reaches the replicate fallback; only the first may log.
@@ -241,7 +234,7 @@ def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
     lib.define("flip2(Tensor x) -> Tensor")
     lib.impl("flip2", lambda x: x.flip(0) * 2, "CompositeExplicitAutograd")
     op = getattr(torch.ops, name).flip2.default
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     xs = [torch.randn(n, 3) for n in (4, 5, 6)]
     with caplog.at_level("DEBUG", logger="dtensor.dispatch"):
         outs = [op(distribute_tensor(x, mesh, [Shard(0)])) for x in xs]
@@ -252,8 +245,8 @@ def test_fallback_is_correct_and_logs_once(world, caplog) -> None:
     assert len(hits) == 1, f"expected one log line for {op} over 3 calls, got {hits}"
 
 
-@W2
-def test_register_rule_for_a_custom_op(world) -> None:
+@pytest.mark.world_size(2)
+def test_register_rule_for_a_custom_op(line_mesh, world) -> None:
     from dtensor import Sharding, register_rule
 
     lib = torch.library.Library("dtensor_test", "DEF")
@@ -266,16 +259,16 @@ def test_register_rule_for_a_custom_op(world) -> None:
         (spec,) = call.specs
         return Sharding(inputs=(None,), outputs=(spec.placements,))
 
-    a = distribute_tensor(torch.arange(6.0), _mesh(2), [Shard(0)])
+    a = distribute_tensor(torch.arange(6.0), line_mesh(2), [Shard(0)])
     with CommCounter() as c:
         out = op(a)
     assert c.total == 0 and out.placements == (Shard(0),)
     assert torch.equal(out.full_tensor(), torch.arange(6.0) * 2)
 
 
-@W2
-def test_backward_through_sharded_ops(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_backward_through_sharded_ops(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x, w = torch.randn(6, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
     (torch.relu(x @ w).softmax(1) * torch.arange(3.0)).mean().backward()
     for px, pw in [(Shard(0), Replicate()), (Replicate(), Shard(1)), (Shard(1), Shard(0))]:

@@ -34,10 +34,6 @@ WORLDS = pytest.mark.parametrize(
 )
 
 
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
 def _grad(p) -> torch.Tensor:
     g = p.grad
     return g.full_tensor() if isinstance(g, DTensor) else g
@@ -55,10 +51,10 @@ class MLP(nn.Module):
 
 # Column- then row-parallel -----------------------------------------------------
 @WORLDS
-def test_colwise_rowwise_mlp_matches_single_device(world, n) -> None:
+def test_colwise_rowwise_mlp_matches_single_device(line_mesh, world, n) -> None:
     torch.manual_seed(0)
     ref = MLP()
-    model = parallelize_module(copy.deepcopy(ref), _mesh(n),
+    model = parallelize_module(copy.deepcopy(ref), line_mesh(n),
                                {"up": ColwiseParallel(), "down": RowwiseParallel()})
     assert model.up.weight.placements == (Shard(0),) and model.up.bias.placements == (Shard(0),)
     assert model.down.weight.placements == (Shard(1),)
@@ -76,10 +72,10 @@ def test_colwise_rowwise_mlp_matches_single_device(world, n) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_output_layouts_and_dtensor_outputs(world) -> None:
+def test_output_layouts_and_dtensor_outputs(line_mesh, world) -> None:
     torch.manual_seed(1)
     ref = MLP()
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh, {
         "up": ColwiseParallel(output_layouts=Replicate(), use_local_output=False),
         "down": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0),
@@ -94,10 +90,10 @@ def test_output_layouts_and_dtensor_outputs(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_colwise_input_layouts_shard_gathers_the_input(world) -> None:
+def test_colwise_input_layouts_shard_gathers_the_input(line_mesh, world) -> None:
     torch.manual_seed(2)
     ref = nn.Linear(8, 6)
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh, ColwiseParallel(input_layouts=Shard(0)))
     x = torch.randn(4, 8)
     local_rows = x.chunk(2)[world.rank]
@@ -110,10 +106,10 @@ def test_colwise_input_layouts_shard_gathers_the_input(world) -> None:
 # Embeddings ---------------------------------------------------------------------
 @WORLDS
 @pytest.mark.parametrize("vocab", [8, 7])  # 7: uneven rows (4 ranks: 2, 2, 2, 1)
-def test_rowwise_embedding_is_vocab_parallel(world, n, vocab) -> None:
+def test_rowwise_embedding_is_vocab_parallel(line_mesh, world, n, vocab) -> None:
     torch.manual_seed(3)
     ref = nn.Embedding(vocab, 6, padding_idx=vocab - 1)
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     model = parallelize_module(copy.deepcopy(ref), mesh, RowwiseParallel(input_layouts=Replicate()))
     assert model.weight.placements == (Shard(0),)
     ids = torch.randint(0, vocab, (3, 5))
@@ -130,20 +126,20 @@ def test_rowwise_embedding_is_vocab_parallel(world, n, vocab) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_rowwise_embedding_reduce_scatters_to_sequence_shards(world) -> None:
+def test_rowwise_embedding_reduce_scatters_to_sequence_shards(line_mesh, world) -> None:
     torch.manual_seed(4)
     ref = nn.Embedding(10, 4)
-    model = parallelize_module(copy.deepcopy(ref), _mesh(2),
+    model = parallelize_module(copy.deepcopy(ref), line_mesh(2),
                                RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)))
     ids = torch.randint(0, 10, (2, 6))
     torch.testing.assert_close(model(ids), ref(ids).chunk(2, dim=1)[world.rank], **TOL)
 
 
 @pytest.mark.world_size(2)
-def test_colwise_embedding_shards_the_embedding_dim(world) -> None:
+def test_colwise_embedding_shards_the_embedding_dim(line_mesh, world) -> None:
     torch.manual_seed(5)
     ref = nn.Embedding(10, 6)
-    model = parallelize_module(copy.deepcopy(ref), _mesh(2), ColwiseParallel())
+    model = parallelize_module(copy.deepcopy(ref), line_mesh(2), ColwiseParallel())
     assert model.weight.placements == (Shard(1),)
     ids = torch.randint(0, 10, (2, 3))
     torch.testing.assert_close(model(ids), ref(ids).chunk(2, dim=-1)[world.rank], **TOL)
@@ -161,14 +157,14 @@ class RMSNorm(nn.Module):
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm_module", "custom_rms_norm"])
-def test_sequence_parallel_norms(world, kind) -> None:
+def test_sequence_parallel_norms(line_mesh, world, kind) -> None:
     torch.manual_seed(6)
     ref = {"layer_norm": lambda: nn.LayerNorm(8), "rms_norm_module": lambda: nn.RMSNorm(8),
            "custom_rms_norm": lambda: RMSNorm(8)}[kind]()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh, SequenceParallel())
     assert all(p.placements == (Replicate(),) for p in model.parameters())
     x = torch.randn(2, 6, 8)
@@ -190,7 +186,9 @@ def _seq_block(x, mesh, rank, n=2):
 
 
 @pytest.mark.world_size(2)
-def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> None:
+def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(
+    line_mesh, world
+) -> None:
     """A replicated norm weight on sequence shards gets a Partial gradient: it
     is all-reduced once per backward, together with the bias in one buffer,
     so p.grad is Replicate after every micro-batch, micro-batches accumulate
@@ -201,7 +199,7 @@ def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> 
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh, SequenceParallel())
     funcol = torch.ops.c10d_functional
     for _ in range(3):  # three micro-batches accumulate into one step
@@ -233,10 +231,10 @@ def test_sequence_parallel_weight_grads_are_reduced_once_per_backward(world) -> 
 
 
 @pytest.mark.world_size(2)
-def test_grad_reduction_survives_meta_init_and_deepcopy(world) -> None:
+def test_grad_reduction_survives_meta_init_and_deepcopy(line_mesh, world) -> None:
     """to_empty swaps the tensor under each parameter (its hooks stay behind)
     and deepcopy makes new parameters: the next forward hooks them again."""
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     with torch.device("meta"):
         model = nn.LayerNorm(8)
     parallelize_module(model, mesh, SequenceParallel())
@@ -257,7 +255,7 @@ def test_grad_reduction_survives_meta_init_and_deepcopy(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_norm_grads_of_many_modules_share_one_all_reduce(world) -> None:
+def test_norm_grads_of_many_modules_share_one_all_reduce(line_mesh, world) -> None:
     """Every hooked parameter of one backward is reduced in one flat buffer at
     its end; torch.autograd.grad (no accumulation) hands back the partial
     gradients and leaves p.grad alone; a backward that raised midway does
@@ -267,7 +265,7 @@ def test_norm_grads_of_many_modules_share_one_all_reduce(world) -> None:
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh, {"0": SequenceParallel(),
                                                           "2": SequenceParallel()})
     x, w = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
@@ -318,9 +316,9 @@ def test_reduce_partial_grads_names_what_it_needs() -> None:
 
 
 @pytest.mark.world_size(2)
-def test_sequence_parallel_redistributes_a_dtensor_input(world) -> None:
+def test_sequence_parallel_redistributes_a_dtensor_input(line_mesh, world) -> None:
     ref = nn.LayerNorm(4)
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(copy.deepcopy(ref), mesh,
                                SequenceParallel(sequence_dim=0, use_local_output=True))
     x = torch.randn(6, 4)
@@ -329,10 +327,12 @@ def test_sequence_parallel_redistributes_a_dtensor_input(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_sequence_parallel_dropout_mask_is_the_single_device_mask(world) -> None:
+def test_sequence_parallel_dropout_mask_is_the_single_device_mask(
+    line_mesh, world
+) -> None:
     import dtensor
 
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     model = parallelize_module(nn.Dropout(0.5), mesh, SequenceParallel())
     x = torch.randn(2, 8, 4)
     dtensor.random.manual_seed(7)
@@ -350,8 +350,8 @@ class Two(nn.Module):
 
 
 @pytest.mark.world_size(2)
-def test_prepare_module_input_positional_and_keyword(world) -> None:
-    mesh = _mesh(2)
+def test_prepare_module_input_positional_and_keyword(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     m = parallelize_module(Two(), mesh, PrepareModuleInput(
         input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None),
         input_kwarg_layouts={"c": Shard(1)}, desired_input_kwarg_layouts={"c": Replicate()}))
@@ -366,8 +366,8 @@ def test_prepare_module_input_positional_and_keyword(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_prepare_module_output_and_input_output(world) -> None:
-    mesh = _mesh(2)
+def test_prepare_module_output_and_input_output(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     m = parallelize_module(Two(), mesh, PrepareModuleOutput(
         output_layouts=(Replicate(), None), desired_output_layouts=(Shard(0), None)))
     a, b = torch.arange(8.0).reshape(4, 2), torch.ones(1)
@@ -411,10 +411,10 @@ class Stack(nn.Module):
 
 
 @pytest.mark.world_size(2)
-def test_wildcard_plan_matches_single_device(world) -> None:
+def test_wildcard_plan_matches_single_device(line_mesh, world) -> None:
     torch.manual_seed(8)
     ref = Stack()
-    model = parallelize_module(copy.deepcopy(ref), _mesh(2), {
+    model = parallelize_module(copy.deepcopy(ref), line_mesh(2), {
         "layers.*.up": ColwiseParallel(), "layers.*.down": RowwiseParallel(),
     })
     assert all(model.layers[i].up.weight.placements == (Shard(0),) for i in range(2))
@@ -424,8 +424,8 @@ def test_wildcard_plan_matches_single_device(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_src_data_rank_none_keeps_local_values(world) -> None:
-    mesh = _mesh(2)
+def test_src_data_rank_none_keeps_local_values(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     lin = nn.Linear(4, 4)
     with torch.no_grad():
         lin.weight.fill_(float(world.rank))
@@ -439,8 +439,10 @@ def test_src_data_rank_none_keeps_local_values(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_plan_errors_raise_on_every_rank_before_any_communication(world) -> None:
-    mesh = _mesh(2)
+def test_plan_errors_raise_on_every_rank_before_any_communication(
+    line_mesh, world
+) -> None:
+    mesh = line_mesh(2)
     model = Stack()
     with CommCounter() as c, pytest.raises(PlanError, match=r"'layers.\*.nope'.*children: \['down', 'up'\]"):
         parallelize_module(model, mesh, {"layers.*.up": ColwiseParallel(),
@@ -464,8 +466,8 @@ def test_plan_errors_raise_on_every_rank_before_any_communication(world) -> None
 
 
 @pytest.mark.world_size(2)
-def test_current_mesh_and_custom_style(world) -> None:
-    mesh = _mesh(2)
+def test_current_mesh_and_custom_style(line_mesh, world) -> None:
+    mesh = line_mesh(2)
 
     class Double(ParallelStyle):
         def _apply(self, module, device_mesh):
@@ -490,8 +492,10 @@ def _logits(n_rows=6, classes=10, seed=9):
 @pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"},
                                 {"ignore_index": 3}, {"label_smoothing": 0.1},
                                 {"label_smoothing": 0.2, "ignore_index": 1}])
-def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes, kw) -> None:
-    mesh = _mesh(n)
+def test_loss_parallel_matches_cross_entropy_without_gathering(
+    line_mesh, world, n, classes, kw
+) -> None:
+    mesh = line_mesh(n)
     x, y = _logits(classes=classes)
     y[0] = kw.get("ignore_index", y[0])
     ref = x.clone().requires_grad_()
@@ -523,13 +527,15 @@ def test_loss_parallel_matches_cross_entropy_without_gathering(world, n, classes
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("kw", [{}, {"reduction": "none", "label_smoothing": 0.1}])
-def test_loss_parallel_over_many_ranks_all_reduces_max_and_sum(world, monkeypatch, kw) -> None:
+def test_loss_parallel_over_many_ranks_all_reduces_max_and_sum(
+    line_mesh, world, monkeypatch, kw
+) -> None:
     """Past GATHER_MAX_RANKS the gather costs more than a max and a sum
     all-reduce of N floats; forced here at 2 ranks (the rule is per group size)."""
     import dtensor.parallel.loss as loss_mod
 
     monkeypatch.setattr(loss_mod, "GATHER_MAX_RANKS", 1)
-    mesh = _mesh(2)
+    mesh = line_mesh(2)
     x, y = _logits(classes=9)
     x[2, :5] = float("-inf")  # rank 0's whole block
     ref = x.clone().requires_grad_()
@@ -548,10 +554,10 @@ def test_loss_parallel_over_many_ranks_all_reduces_max_and_sum(world, monkeypatc
 
 @WORLDS
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_loss_parallel_large_and_masked_logits(world, n, reduction) -> None:
+def test_loss_parallel_large_and_masked_logits(line_mesh, world, n, reduction) -> None:
     """Logits far beyond exp's range, and a row whose first block of classes
     (one rank's whole shard) is -inf: the local max shift keeps both finite."""
-    mesh = _mesh(n)
+    mesh = line_mesh(n)
     x, y = _logits(classes=12)
     x = x * 1e4
     x[1, :6] = float("-inf")
@@ -569,8 +575,8 @@ def test_loss_parallel_large_and_masked_logits(world, n, reduction) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_loss_parallel_3d_logits_module_and_dtensor_target(world) -> None:
-    mesh = _mesh(2)
+def test_loss_parallel_3d_logits_module_and_dtensor_target(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     g = torch.Generator().manual_seed(10)
     x, y = torch.randn(2, 8, 3, generator=g), torch.randint(0, 8, (2, 3), generator=g)
     dx = distribute_tensor(x, mesh, [Shard(1)])
@@ -580,8 +586,8 @@ def test_loss_parallel_3d_logits_module_and_dtensor_target(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_loss_parallel_bad_inputs(world) -> None:
-    mesh = _mesh(2)
+def test_loss_parallel_bad_inputs(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x, y = _logits()
     with loss_parallel():
         with pytest.raises(PlanError, match="sharded on the class dim 1"):
@@ -596,15 +602,17 @@ def test_loss_parallel_bad_inputs(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_loss_parallel_partial_and_replicated_logits_rejected(world) -> None:
-    mesh = _mesh(2)
+def test_loss_parallel_partial_and_replicated_logits_rejected(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x, y = _logits()
     with loss_parallel(), pytest.raises(PlanError, match="Shard"):
         F.cross_entropy(DTensor.from_local(x, mesh, [Partial()]), y)
 
 
 @WORLDS
-def test_parallelize_module_sends_the_source_values_in_one_broadcast(world, n) -> None:
+def test_parallelize_module_sends_the_source_values_in_one_broadcast(
+    line_mesh, world, n
+) -> None:
     """Setup cost: the plan's parameters travel in one broadcast per dtype,
     not one per parameter, and every rank ends up with rank 0's values."""
 
@@ -626,7 +634,7 @@ def test_parallelize_module_sends_the_source_values_in_one_broadcast(world, n) -
     plan = {"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(),
             "norm": SequenceParallel(sequence_dim=0)}
     with CommCounter() as c:
-        parallelize_module(model, _mesh(n), plan)
+        parallelize_module(model, line_mesh(n), plan)
     assert c.counts == {"broadcast": 1}, c.counts
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         assert isinstance(p, DTensor), name

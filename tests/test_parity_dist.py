@@ -19,9 +19,6 @@ from dtensor.debug import CommCounter
 from dtensor.errors import PlacementError
 from dtensor.spec import DTensorSpec, TensorMeta
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
 
 def _pieces(world, *per_rank: torch.Tensor) -> torch.Tensor:
     return per_rank[world.rank].clone()
@@ -38,7 +35,7 @@ def test_partial_accepts_pytorchs_reduce_op_names() -> None:
         Partial("median")
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_partial_product_reduces_by_product(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -54,7 +51,7 @@ def test_partial_product_reduces_by_product(world) -> None:
     assert torch.equal(s.full_tensor(), a * b)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_replicate_to_partial_product_holds_ones_elsewhere(world) -> None:
     # PyTorch refuses R -> P(product) (its symmetric split would need an n-th
     # root); ones on the other coordinates are exact and move nothing.
@@ -68,7 +65,7 @@ def test_replicate_to_partial_product_holds_ones_elsewhere(world) -> None:
     assert torch.equal(p.redistribute(mesh, [Replicate()]).to_local(), full)
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool], ids=str)
 def test_bitwise_partials_reduce_and_round_trip(world, dtype) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
@@ -90,7 +87,7 @@ def test_bitwise_partials_reduce_and_round_trip(world, dtype) -> None:
         assert torch.equal(back.full_tensor(), expected), op
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize(
     ("op", "dtype", "need"),
     [("band", torch.float32, "integer or bool"), ("bxor", torch.bfloat16, "integer or bool"),
@@ -107,7 +104,7 @@ def test_partial_op_the_dtype_cannot_reduce_is_refused_on_every_rank(world, op, 
         r.redistribute(mesh, [Partial(op)])
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("op", ["product", "max"])
 def test_partial_axes_with_different_ops_reduce_in_axis_order(world, op) -> None:
     # [P(sum), P(op)] on a 2x2 mesh: axis 0 (sum) reduces first, so the value
@@ -132,7 +129,7 @@ def test_partial_axes_with_different_ops_reduce_in_axis_order(world, op) -> None
 
 
 # redistribute(forward_dtype=..., backward_dtype=..., async_op=...) -----------------
-@W2
+@pytest.mark.world_size(2)
 def test_redistribute_casts_before_moving_and_casts_the_gradient_back(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     torch.manual_seed(0)
@@ -156,7 +153,7 @@ def test_redistribute_casts_before_moving_and_casts_the_gradient_back(world) -> 
     assert torch.equal(x.grad.full_tensor(), torch.full((6, 4), 2.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_redistribute_backward_dtype_alone_and_same_placements(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).requires_grad_(True)
@@ -179,7 +176,7 @@ def test_redistribute_backward_dtype_alone_and_same_placements(world) -> None:
     assert n.dtype == torch.float16 and torch.equal(n.to_local(), torch.ones(4, 3).half())
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_redistribute_refuses_a_dtype_that_is_not_a_dtype_on_every_rank(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)])
@@ -193,7 +190,7 @@ def test_redistribute_refuses_a_dtype_that_is_not_a_dtype_on_every_rank(world) -
 
 
 # Gradient layout of a redistribute from Partial -----------------------------------
-@W2
+@pytest.mark.world_size(2)
 def test_partial_source_axis_keeps_the_gradients_layout(world) -> None:
     # [P(sum), S(0)] -> [P(sum), R] on a (2, 1) mesh; the gradient arrives as
     # [P(sum), R]. Single-device equivalence holds for any layout of the
@@ -212,7 +209,7 @@ def test_partial_source_axis_keeps_the_gradients_layout(world) -> None:
     assert torch.equal(x.grad.full_tensor(), torch.full((3, 2), 3.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_gradient_of_a_partial_piece_is_still_reduced_in_from_local(world) -> None:
     # from_local's backward hands each rank the gradient of its own piece: that
     # needs the reduced value, so that one all-reduce stays.
@@ -228,7 +225,7 @@ def test_gradient_of_a_partial_piece_is_still_reduced_in_from_local(world) -> No
 
 
 # The constructor ------------------------------------------------------------------
-@W2
+@pytest.mark.world_size(2)
 def test_constructor_warns_when_it_cuts_the_local_graph(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     local = torch.randn(3, 3, requires_grad=True)
@@ -244,7 +241,7 @@ def test_constructor_warns_when_it_cuts_the_local_graph(world) -> None:
 
 
 # Factories and random ops writing a Partial layout -------------------------------
-@W2
+@pytest.mark.world_size(2)
 def test_factories_and_random_ops_put_the_identity_off_coordinate_0(world) -> None:
     # n copies of v reduce to v only for idempotent ops; product needs ones
     # and bxor zeros off coordinate 0 (3 * 3 = 9 and 5 ^ 5 = 0 otherwise).

@@ -20,7 +20,6 @@ from dtensor.debug import CommCounter
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 
-W4 = pytest.mark.world_size(4)
 
 MESHES = [(2, 2), (4, 1), (1, 4)]
 
@@ -46,7 +45,7 @@ UNARY = [
 ]
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("rows", [8, 5, 2, 0], ids=lambda r: f"rows{r}")
 def test_identically_nested_operands_send_nothing(mesh_shape, rows):
@@ -71,7 +70,7 @@ def test_identically_nested_operands_send_nothing(mesh_shape, rows):
         _same(out.full_tensor(), f(*(t.clone() for t in args)), where)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("rows", [8, 5, 3], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize(
     "other",
@@ -94,7 +93,7 @@ def test_nested_with_otherwise_placed_operand_equals_single_device(rows, other):
         _same(out.full_tensor(), f(a, b), f"{name}: (S(0), S(0)) with {other}, {rows} rows")
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_nested_operand_broadcasts():
     mesh = _mesh((2, 2))
     a, row, col = _value((6, 4), 5), _value((4,), 6), _value((6, 1), 7)
@@ -110,7 +109,7 @@ def test_nested_operand_broadcasts():
     _same(out.full_tensor(), col + a, "(S(0), S(0)) column + (S(0), S(0))")
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_dropout_on_nested_sub_mesh_sends_nothing():
     """The property test's case: (R, S(0), S(0)) on a 1x1x3 sub-mesh; rank 3
     is outside and gets an empty block."""

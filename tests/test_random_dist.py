@@ -18,8 +18,6 @@ from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_t
 from dtensor import random as rng
 from dtensor.debug import CommCounter
 
-W4 = pytest.mark.world_size(4)
-
 
 def _layouts():
     flat = DeviceMesh("cpu", [0, 1, 2, 3])
@@ -55,7 +53,7 @@ def _reference(name, shape):
     return OPS[name][1](t)
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("shape", [(5, 3), (3, 0), (7,), (2, 9)], ids=str)
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_random_ops_equal_single_device_bit_for_bit(name, shape, world) -> None:
@@ -78,7 +76,7 @@ def test_random_ops_equal_single_device_bit_for_bit(name, shape, world) -> None:
         assert rng.get_rng_state().offset == int(drew)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_factories_match_and_replicas_agree_shards_differ(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     for factory, ref in ((dtensor.rand, rng.rand), (dtensor.randn, rng.randn)):
@@ -94,7 +92,7 @@ def test_factories_match_and_replicas_agree_shards_differ(world) -> None:
     assert not torch.equal(blocks[0], blocks[2])  # shards are not copies
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_consecutive_ops_follow_the_single_device_sequence(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     dtensor.manual_seed(3)
@@ -108,7 +106,7 @@ def test_consecutive_ops_follow_the_single_device_sequence(world) -> None:
     assert not torch.equal(a.full_tensor(), c.full_tensor())
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_outsiders_advance_without_communicating(world) -> None:
     mesh = DeviceMesh("cpu", [0, 2])
     dtensor.manual_seed(5)
@@ -124,7 +122,7 @@ def test_outsiders_advance_without_communicating(world) -> None:
     assert torch.equal(y.full_tensor(), rng.rand(4))
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_dropout_backward_uses_the_forward_mask(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     torch.manual_seed(0)
@@ -145,7 +143,7 @@ def rng_dropout_again(full, seed, p):
     return rng.dropout(full, p)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_native_dropout_and_partial_inputs(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     piece = torch.ones(8)
@@ -161,7 +159,7 @@ def test_native_dropout_and_partial_inputs(world) -> None:
     assert torch.equal(mask.to_local(), ref != 0)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_native_dropout_reduces_max_inputs_and_draws_like_dropout(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1, 2, 3])
     full = torch.arange(10.0) - 4
@@ -185,7 +183,7 @@ def test_native_dropout_reduces_max_inputs_and_draws_like_dropout(world) -> None
     assert rng.get_rng_state().offset == 0
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_random_from_below_zero_covers_the_int64_range(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     x = distribute_tensor(torch.zeros(5, 7, dtype=torch.int64), mesh, [Shard(1), Shard(0)])
@@ -196,7 +194,7 @@ def test_random_from_below_zero_covers_the_int64_range(world) -> None:
     assert torch.equal(x.full_tensor(), ref)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_inplace_ops_on_partial_avg(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
     f = DTensor.from_local(torch.zeros(3, 2), mesh, [Partial("avg"), Shard(1)])
@@ -219,7 +217,7 @@ def test_inplace_ops_on_partial_avg(world) -> None:
     assert torch.equal(small.full_tensor(), rng.randint(0, 1000, (4,), dtype=torch.int32))
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_manual_seed_on_a_sub_mesh_checks_members_only(world) -> None:
     mesh = DeviceMesh("cpu", [1, 3])
     with CommCounter() as c:
@@ -228,7 +226,7 @@ def test_manual_seed_on_a_sub_mesh_checks_members_only(world) -> None:
     assert rng.get_rng_state() == rng.RNGState(12, 0)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_seed_mismatch_is_a_clear_error_everywhere(world) -> None:
     with pytest.raises(dtensor.ShardingError, match="different seeds"):
         dtensor.manual_seed(world.rank)

@@ -28,8 +28,6 @@ from dtensor import random as rng
 from dtensor._seeding import SeedMismatchError
 from dtensor.debug import CommCounter
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
 pytestmark = pytest.mark.dist_timeout(120)
 
 UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ
@@ -49,7 +47,7 @@ SINGLE = {
 }
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("op", sorted(DRAWS))
 def test_torch_manual_seed_reseeds_our_ops(world, op) -> None:
     mesh = DeviceMesh("cpu", list(range(world.size)))
@@ -68,7 +66,7 @@ def test_torch_manual_seed_reseeds_our_ops(world, op) -> None:
     assert not torch.equal(a, DRAWS[op](mesh, x).full_tensor()), f"{op}: seed 8 == seed 7"
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_fork_rng_and_direct_reseeds(world) -> None:
     mesh = DeviceMesh("cpu", list(range(world.size)))
     torch.manual_seed(3)
@@ -85,7 +83,7 @@ def test_fork_rng_and_direct_reseeds(world) -> None:
     assert torch.equal(direct, rng.rand(5))
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_per_rank_seeds_reported_on_every_member_and_outsiders_untouched(world) -> None:
     members = DeviceMesh("cpu", [0, 2])  # ranks 0 and 2 get different seeds
     agreeing = DeviceMesh("cpu", [1, 3])  # ranks 1 and 3 get the same seed
@@ -165,7 +163,7 @@ def test_unseeded_processes_draw_agreeing_replicas(tmp_path: Path) -> None:
     assert "AGREE; default seeds differed: True" in p.stdout, p.stdout
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_activation_checkpointing_recomputes_the_same_dropout_mask(world, reentrant) -> None:
     """torch.utils.checkpoint saves and restores torch's RNG state around the

@@ -18,8 +18,6 @@ from dtensor import (
 )
 from dtensor.checkpoint import rebuild_dtensor
 
-W2 = pytest.mark.world_size(2)
-
 
 def _round_trip(obj, **load_kwargs):
     buf = io.BytesIO()
@@ -51,7 +49,7 @@ def test_rebuild_refuses_an_unknown_placement_code() -> None:
         rebuild_dtensor(torch.ones(2), "cpu", (0,), (1,), None, (("X", 1),), (2,), (1,), False)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_each_rank_saves_and_loads_its_block_weights_only(world) -> None:
     mesh = DeviceMesh("cpu", [[0, 1]], mesh_dim_names=("dp", "tp"))
     full = torch.arange(35.0).reshape(7, 5)  # uneven over 2 ranks
@@ -62,7 +60,7 @@ def test_each_rank_saves_and_loads_its_block_weights_only(world) -> None:
         assert torch.equal(back.full_tensor(), full)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_module_state_dict_round_trip(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     torch.manual_seed(0)
@@ -82,7 +80,7 @@ def test_module_state_dict_round_trip(world) -> None:
     assert torch.equal(model[0].weight.full_tensor(), ref["0.weight"])
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_rank_outside_the_mesh_saves_and_loads_an_empty_block(world) -> None:
     mesh = DeviceMesh("cpu", [1])
     x = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
@@ -94,7 +92,7 @@ def test_rank_outside_the_mesh_saves_and_loads_an_empty_block(world) -> None:
         assert torch.equal(back.to_local(), torch.arange(4.0))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_pickle_round_trip_keeps_the_mesh(world) -> None:
     mesh = DeviceMesh("cpu", [1, 0])
     x = distribute_tensor(torch.arange(6.0), mesh, [Shard(0)])

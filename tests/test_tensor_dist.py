@@ -17,17 +17,12 @@ from dtensor import (
     distribute_tensor,
 )
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
 
-
-def _mesh(n: int) -> DeviceMesh:
-    return DeviceMesh("cpu", list(range(n)))
-
-
-@W2
-def test_from_local_infers_even_shape_and_takes_given_uneven_shape(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_from_local_infers_even_shape_and_takes_given_uneven_shape(
+    line_mesh, world
+) -> None:
+    mesh = line_mesh(2)
     x = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)])
     assert x.shape == (4, 3) and x.placements == (Shard(0),)
     rows = 3 if world.rank == 0 else 2
@@ -35,17 +30,17 @@ def test_from_local_infers_even_shape_and_takes_given_uneven_shape(world) -> Non
     assert torch.equal(y.full_tensor(), torch.ones(5, 3))
 
 
-@W2
-def test_from_local_run_check_fails_on_every_rank(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_from_local_run_check_fails_on_every_rank(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     rows = 3  # right on rank 0; rank 1 should hold 2 of 5 rows: one bad rank
     with pytest.raises(PlacementError, match=r"expected \(2, 3\)|does not fit"):
         DTensor.from_local(torch.ones(rows, 3), mesh, [Shard(0)], shape=(5, 3), run_check=True)
 
 
-@W2
-def test_bad_input_raises_clear_value_errors(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_bad_input_raises_clear_value_errors(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     t = torch.ones(4, 4)
     with pytest.raises(PlacementError, match="expected 1 \\(one per mesh axis\\), got 2"):
         distribute_tensor(t, mesh, [Shard(0), Shard(1)])
@@ -65,9 +60,9 @@ def test_bad_input_raises_clear_value_errors(world) -> None:
         assert issubclass(err, RuntimeError) and not issubclass(err, TypeError)
 
 
-@W2
-def test_current_mesh_is_the_default_and_nests(world) -> None:
-    outer, inner = _mesh(2), DeviceMesh("cpu", [1, 0])
+@pytest.mark.world_size(2)
+def test_current_mesh_is_the_default_and_nests(line_mesh, world) -> None:
+    outer, inner = line_mesh(2), DeviceMesh("cpu", [1, 0])
     with outer:
         assert distribute_tensor(torch.ones(2)).device_mesh is outer
         with pytest.raises(RuntimeError, match="boom"), inner:
@@ -76,9 +71,9 @@ def test_current_mesh_is_the_default_and_nests(world) -> None:
         assert distribute_tensor(torch.ones(2)).device_mesh is outer
 
 
-@W2
-def test_gradients_through_distribute_redistribute_to_local(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_gradients_through_distribute_redistribute_to_local(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     torch.manual_seed(0)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 3, dtype=torch.float64)
@@ -88,9 +83,9 @@ def test_gradients_through_distribute_redistribute_to_local(world) -> None:
     assert torch.allclose(x.grad, w)
 
 
-@W2
-def test_leaf_distribute_gives_a_leaf_with_sharded_grad(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_leaf_distribute_gives_a_leaf_with_sharded_grad(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     torch.manual_seed(0)
     full = torch.randn(5, 3, dtype=torch.float64)
     w = distribute_tensor(full.clone().requires_grad_(), mesh, [Shard(0)])
@@ -100,9 +95,9 @@ def test_leaf_distribute_gives_a_leaf_with_sharded_grad(world) -> None:
     assert torch.allclose(w.grad.full_tensor(), torch.full_like(full, 3.0))
 
 
-@W2
-def test_partial_from_local_gets_the_full_gradient(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_partial_from_local_gets_the_full_gradient(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     piece = torch.full((4,), float(world.rank + 1), requires_grad=True)
     dt = DTensor.from_local(piece, mesh, [Partial()])
     w = torch.arange(4.0)
@@ -112,18 +107,18 @@ def test_partial_from_local_gets_the_full_gradient(world) -> None:
     assert torch.equal(piece.grad, w)  # d(sum of pieces)/d(piece) = 1
 
 
-@W2
-def test_partial_avg_gradient_is_scaled(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_partial_avg_gradient_is_scaled(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     piece = torch.full((3,), float(world.rank), requires_grad=True)
     dt = DTensor.from_local(piece, mesh, [Partial("avg")])
     dt.full_tensor().sum().backward()
     assert torch.equal(piece.grad, torch.full((3,), 0.5))
 
 
-@W2
-def test_grad_placements_partial_sums_per_rank_gradients(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_grad_placements_partial_sums_per_rank_gradients(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.ones(3, requires_grad=True), mesh, [Replicate()])
     local = x.to_local(grad_placements=[Partial()])
     weight = torch.full((3,), float(world.rank + 1))
@@ -133,9 +128,9 @@ def test_grad_placements_partial_sums_per_rank_gradients(world) -> None:
     assert torch.equal(x.grad.full_tensor(), torch.full((3,), 3.0))
 
 
-@W2
-def test_ops_on_dtensors_backpropagate_like_single_device(world) -> None:
-    mesh = _mesh(2)
+@pytest.mark.world_size(2)
+def test_ops_on_dtensors_backpropagate_like_single_device(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     torch.manual_seed(1)
     a_full = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     b_full = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
@@ -150,16 +145,16 @@ def test_ops_on_dtensors_backpropagate_like_single_device(world) -> None:
     assert torch.allclose(b.grad.full_tensor(), b_full.grad)
 
 
-@W2
-def test_repr_shows_local_and_spec(world) -> None:
-    x = distribute_tensor(torch.zeros(4, 2), _mesh(2), [Shard(0)])
+@pytest.mark.world_size(2)
+def test_repr_shows_local_and_spec(line_mesh, world) -> None:
+    x = distribute_tensor(torch.zeros(4, 2), line_mesh(2), [Shard(0)])
     text = repr(x)
     assert "local_tensor=" in text and "f32[4,2](S(0))" in text
 
 
-@W2
-def test_tensor_flatten_round_trips(world) -> None:
-    x = distribute_tensor(torch.arange(8.0).reshape(4, 2), _mesh(2), [Shard(0)])
+@pytest.mark.world_size(2)
+def test_tensor_flatten_round_trips(line_mesh, world) -> None:
+    x = distribute_tensor(torch.arange(8.0).reshape(4, 2), line_mesh(2), [Shard(0)])
     names, ctx = x.__tensor_flatten__()
     y = DTensor.__tensor_unflatten__(
         {n: getattr(x, n) for n in names}, ctx, x.shape, x.stride()
