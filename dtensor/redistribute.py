@@ -103,11 +103,6 @@ def plan(
     placement bookkeeping stays exact; ``execute`` skips their collectives.
     """
     shape = None if global_shape is None else tuple(global_shape)
-    if has_strided(src) or has_strided(dst):
-        raise PlacementError(
-            f"plan: {tuple(src)} -> {tuple(dst)} has StridedShard axes, which have no "
-            "per-axis steps; redistribute_local moves them (gather, then cut locally)"
-        )
     return _plan(tuple(src), tuple(dst), tuple(mesh_shape), shape)
 
 
@@ -115,6 +110,11 @@ def plan(
 def _plan(src: tuple, dst: tuple, mesh_shape: tuple, global_shape: tuple | None) -> tuple[Step, ...]:
     if src == dst:
         return ()
+    if has_strided(src) or has_strided(dst):  # checked on a cache miss only
+        raise PlacementError(
+            f"plan: {src} -> {dst} has StridedShard axes, which have no per-axis "
+            "steps; redistribute_local moves them (gather, then cut locally)"
+        )
     redo = _kept_but_reduced(src, dst)
     if redo:
         # Reduce those axes too, then make them partial again (see below).

@@ -12,14 +12,20 @@ block between any layout and one with ``StridedShard`` axes (called by
 for the rest, then cuts the target's strided axes locally.
 
 Example (FSDP + TP on a ``(dp, tp) = (2, 2)`` mesh, an 8-row weight):
-    >>> ps = fsdp_tp_placements(mesh, Shard(0), (8, 4))   # TP Shard(0) on "tp"
+    >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    >>> tp_w = distribute_tensor(w, mesh["tp"], [Shard(0)])  # ColwiseParallel's
+    >>> ps = fsdp_tp_placements(mesh, tp_w.placements[0], tp_w.shape)
     >>> ps
     (StridedShard(dim=0, split_factor=2), Shard(dim=0))
-    >>> # rank (i, j) holds dp piece i of tp block j: (0, 1) has rows 4-5
-    >>> block_runs((8, 4), (2, 2), ps, (0, 1))
+    >>> # FSDP's cut: dp piece i of this rank's TP block (torch.chunk)
+    >>> i = mesh.get_local_rank("dp")
+    >>> block = torch.chunk(tp_w.to_local(), 2)[i]       # 2 of its 4 rows
+    >>> p = DTensor.from_local(block, mesh, ps, shape=tp_w.shape)
+    >>> torch.equal(p.full_tensor(), w)                 # the rows in order
+    True
+    >>> block_runs((8, 4), (2, 2), ps, (0, 1))          # rank (0, 1): rows 4-5
     (((4, 2),), ((0, 4),))
-    >>> w = distribute_tensor(torch.randn(8, 4), mesh, ps)   # or from_local
-    >>> w.full_tensor()                                       # the 8 rows in order
+    >>> p.redistribute(mesh, (Replicate(), Shard(0)))   # FSDP's all-gather
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from dtensor.placement import (
 )
 from dtensor.spec import DTensorSpec, cut_runs, local_shape, shard_range
 
-__all__ = ["block_runs", "fsdp_tp_placements", "has_strided", "redistribute", "unstrided"]
+__all__ = ["block_runs", "draw_runs", "fsdp_tp_placements", "has_strided", "redistribute",
+           "unstrided"]
 
 Runs = tuple[tuple[int, int], ...]
 
@@ -76,6 +83,22 @@ def block_runs(global_shape: Sequence[int], mesh_shape: Sequence[int],
             cut = cut_runs(len(have), p, mesh_shape[axis], coordinate[axis])
             rows[p.dim] = [have[i] for start, n in cut for i in range(start, start + n)]
     return tuple(_as_runs(r) for r in rows)
+
+
+def draw_runs(spec: DTensorSpec, coordinate, seed, offset, make, device) -> torch.Tensor:
+    """The block at ``coordinate`` of a counter-based draw, whose values are a
+    function of the global index: ``make(seed, offset, global_shape, start,
+    shape, device=)`` draws one box per combination of runs, put together in
+    local order (the single-device values, as for contiguous blocks)."""
+    runs = block_runs(spec.shape, spec.mesh.shape, spec.placements, coordinate)
+
+    def box(d: int, start: list, shape: list) -> torch.Tensor:
+        if d == len(runs):
+            return make(seed, offset, spec.shape, tuple(start), tuple(shape), device=device)
+        parts = [box(d + 1, [*start, s], [*shape, n]) for s, n in runs[d] or ((0, 0),)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
+
+    return box(0, [], [])
 
 
 def _as_runs(indices: list[int]) -> Runs:

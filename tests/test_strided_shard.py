@@ -158,3 +158,23 @@ def test_fsdp_tp_placements_on_tp_dp_order_and_bad_axes() -> None:
     # holds nothing, but the strided rows [6] of dp 2 put row 6 on tp 0.
     with pytest.raises(PlacementError, match=r"rank \(dp=2, tp=0\).*multiple of 6"):
         fsdp_tp_placements(mesh, Shard(0), (7, 2))
+
+
+def test_draw_runs_puts_boxes_of_a_global_function_in_local_order() -> None:
+    from dtensor.strided import draw_runs
+
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    shape = (7, 5)
+    meta = TensorMeta(shape, contiguous_stride(shape), torch.float32)
+    spec = DTensorSpec(mesh, (StridedShard(0, 2), StridedShard(1, 3)), meta)
+    full = torch.arange(35.0).reshape(shape)  # value = global flat index
+
+    def make(seed, offset, gshape, start, box, device=None):
+        assert gshape == shape and (seed, offset) == (1, 2)
+        return full[tuple(slice(s, s + n) for s, n in zip(start, box, strict=True))]
+
+    for coord in itertools.product(range(2), range(2)):
+        runs = block_runs(shape, (2, 2), spec.placements, coord)
+        want = full[_flat(runs[0])][:, _flat(runs[1])]
+        got = draw_runs(spec, coord, 1, 2, make, "cpu")
+        assert torch.equal(got, want), (coord, got, want)

@@ -38,6 +38,7 @@ from dtensor.placement import (
 )
 from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta, contiguous_stride
+from dtensor.strided import draw_runs, has_strided
 
 __all__ = ["HANDLERS", "no_generator", "zero_partial_sums"]
 
@@ -71,6 +72,8 @@ def _draw(spec: DTensorSpec, device, make) -> torch.Tensor | None:
     seed, offset = _seeding.take(spec.mesh)
     if coord is None:
         return None
+    if has_strided(spec.placements):  # interleaved rows: one draw per run
+        return _zero_partial(draw_runs(spec, coord, seed, offset, make, device), spec, coord)
     shape, start = spec.local_block(coord)
     values = make(seed, offset, spec.shape, start, shape, device=device)
     return _zero_partial(values, spec, coord)
@@ -139,8 +142,7 @@ def _probabilities(t, like: DTensorSpec) -> torch.Tensor:
             return t._local_tensor
         return redistribute_local(t._local_tensor, src, dst)
     if t.dim() == 0:
-        shape, _ = like.local_block(like.mesh.get_coordinate())
-        return t.expand(shape)
+        return t.expand(like.local_shape(like.mesh.get_coordinate()))
     raise ShardingError(
         "bernoulli_: p is a plain tensor of shape "
         f"{tuple(t.shape)}; pass a DTensor or a 0-d tensor"
