@@ -127,6 +127,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_arith.py",
     )),
     ("parallel", ("parallel/",)),
+    ("fsdp", ("fsdp/",)),
     ("package", ("__init__.py",)),
     ("testing", ("testing/",)),
 )
