@@ -146,6 +146,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # fresh processes (~25 s on 2 cores): the full run
 def test_unseeded_processes_draw_agreeing_replicas(tmp_path: Path) -> None:
     """Fresh torchrun processes that never seed: replicas agree (was: they differed)."""
     if UNDER_TORCHRUN:

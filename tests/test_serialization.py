@@ -99,6 +99,7 @@ def test_pickle_round_trip_keeps_the_mesh(world) -> None:
     _same(x, pickle.loads(pickle.dumps(x)))
 
 
+@pytest.mark.slow  # a fresh process (~15 s on 2 cores): the full run
 def test_weights_only_load_in_a_fresh_process_needs_import_dtensor(tmp_path) -> None:
     # As with PyTorch's DTensor (which needs `import torch.distributed.tensor`),
     # a weights_only load needs our package imported first: importing it

@@ -392,6 +392,7 @@ def test_k(n, x):
 '''
 
 
+@pytest.mark.slow  # child runs in real worlds (~20 s on 2 cores): the full run
 def test_a_ci_run_replays_a_stored_failure_first_in_its_own_variant_only(pytester, tmp_path,
                                                                          monkeypatch):
     """End to end through pytest (one process, no worlds): the fuzzer stored
@@ -473,6 +474,7 @@ def test_big(world, x):
 '''
 
 
+@pytest.mark.slow  # a fuzzing session (~35 s on 2 cores): the full run
 def test_a_sim_session_finds_shrinks_and_stores_a_failure_in_one_process(pytester, tmp_path,
                                                                          monkeypatch):
     """``python -m launch fuzz --sim 2``: the slices run in one ``pytest

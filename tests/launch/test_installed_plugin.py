@@ -88,6 +88,7 @@ def test_after():
 '''
 
 
+@pytest.mark.slow  # a child run with a hang (~30 s on 2 cores): the full run
 def test_pytest_timeout_never_kills_one_rank_mid_collective(user_repo: Path) -> None:
     """pytest-timeout's thread method would dump and os._exit one rank at 4 s
     (its peer left in all_reduce); here our watchdog times out both together."""

@@ -28,6 +28,7 @@ def test_in_a_world(world):
 """
 
 
+@pytest.mark.slow  # a child run in real worlds (~35 s on 2 cores): the full run
 def test_a_plain_run_leaves_the_pool_alone_and_pins_its_worlds(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_pool=SUITE.replace("EXPECT_PLAIN", "False"))
     r = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)

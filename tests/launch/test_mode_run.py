@@ -54,7 +54,9 @@ def pytest_configure(config):
 """
 
 
-@pytest.mark.parametrize("how", ["parent", "simulated", "lockstep"])
+# real worlds (~40-50 s each on 2 cores) in the full run; the simulated one in both
+@pytest.mark.parametrize("how", [pytest.param("parent", marks=pytest.mark.slow), "simulated",
+                                 pytest.param("lockstep", marks=pytest.mark.slow)])
 def test_run_runs_an_item_in_every_mode(child, how: str) -> None:
     cmd = {"parent": ("-m", "pytest"), "simulated": ("-m", "pytest", "--dist-sim"),
            "lockstep": ("-m", "torch.distributed.run", "--nproc-per-node=2",
