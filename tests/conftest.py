@@ -97,3 +97,29 @@ def shared_dir():
                 shutil.rmtree(path, ignore_errors=True)
 
     return make
+
+
+@pytest.fixture
+def user_repo(tmp_path):
+    """An empty folder standing for a user's own repository: outside this
+    one, no conftest, no pytest configuration; the project reaches it only as
+    installed (its ``pytest11`` entry points). Run commands there with
+    ``_user_repo.run_in``. Skipped under torchrun: every rank would start
+    the child's worlds.
+
+    Example:
+        >>> def test_help(user_repo):
+        ...     assert run_in(user_repo, "-m", "launch", "--help").returncode == 0
+    """
+    if "RANK" in os.environ:
+        pytest.skip("self-test starts its own worlds; run it with plain pytest")
+    # Asked from the user's folder: in this repository's root a stale
+    # dtensor.egg-info from an old build can shadow the installed metadata.
+    names = subprocess.run(
+        [sys.executable, "-c", "from importlib.metadata import entry_points; "
+         "print(sorted(e.value for e in entry_points(group='pytest11')))"],
+        cwd=tmp_path, capture_output=True, text=True).stdout
+    assert "'launch.plugin'" in names and "'launch.fuzz.replay'" in names, (
+        f"the project's pytest11 entry points are not installed ({names}): "
+        "pip install -e '.[test]'")
+    return tmp_path

@@ -7,16 +7,12 @@ world process-wide."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _user_repo import run_in
 
 pytest.importorskip("expecttest", reason="torch's test bases need expecttest (test extra)")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SUITE = '''
 import torch
@@ -51,15 +47,8 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.skipif("RANK" in os.environ,
-                    reason="starts its own in-process world; run it with plain pytest")
-def test_comm_debug_mode_counts_on_a_fresh_rank_thread(tmp_path: Path) -> None:
-    (tmp_path / "test_counts.py").write_text(SUITE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), OMP_NUM_THREADS="1")
-    for k in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"):
-        env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "test_counts.py"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-4000:] + p.stderr[-2000:]
+def test_comm_debug_mode_counts_on_a_fresh_rank_thread(user_repo: Path) -> None:
+    (user_repo / "test_counts.py").write_text(SUITE)
+    p = run_in(user_repo, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_counts.py",
+               timeout=600)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-6000:]

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
-from childrun import UNDER_TORCHRUN, _junit, _processes_in
+from _user_repo import run_in
+from childrun import _junit
 
 FAULTS = '''
 import os, time
@@ -130,51 +127,21 @@ def test_a_world_that_died_starting_is_retried(world):
 '''
 
 
-def _run(tmp: Path, *args: str, timeout: float = 400, env_extra: dict | None = None,
-         stop_when: str | None = None) -> subprocess.CompletedProcess:
-    """``python *args`` in ``tmp``, without this repository on the path.
-    ``stop_when``: SIGTERM the command once that file exists (a user's stop)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER",
-                        "PYTEST_CURRENT_TEST", "PYTEST_PLUGINS")}
-    env.update(OMP_NUM_THREADS="1", STAMPS_DIR=str(tmp), **(env_extra or {}))
-    proc = subprocess.Popen([sys.executable, *args], cwd=tmp, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if stop_when is not None:
-        end = time.monotonic() + timeout
-        while not (tmp / stop_when).exists() and proc.poll() is None \
-                and time.monotonic() < end:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=timeout)
-    assert not _processes_in(tmp), f"processes left behind\n{out}"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    if UNDER_TORCHRUN:
-        pytest.skip("self-test starts its own worlds; run it with plain pytest")
-    eps = [e for e in entry_points(group="pytest11") if e.value == "launch.plugin"]
-    assert eps, "the project is not installed: pip install -e '.[test]'"
-    return tmp_path
-
-
-def test_plain_pytest_recovers_runs_hypothesis_in_lockstep_and_retries_a_start(repo):
-    (repo / "test_faults.py").write_text(FAULTS)
-    (repo / "test_props.py").write_text(PROPS)
-    (repo / "test_startup.py").write_text(STARTUP)
-    p = _run(repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+def test_plain_pytest_recovers_runs_hypothesis_in_lockstep_and_retries_a_start(user_repo):
+    (user_repo / "test_faults.py").write_text(FAULTS)
+    (user_repo / "test_props.py").write_text(PROPS)
+    (user_repo / "test_startup.py").write_text(STARTUP)
+    p = run_in(user_repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
              "--dist-timeout=90", "-q", "test_startup.py", "test_faults.py", "test_props.py")
     out = p.stdout
-    assert not (repo / "conftest.py").exists()
-    assert _junit(repo / "junit.xml") == {
+    assert not (user_repo / "conftest.py").exists()
+    assert _junit(user_repo / "junit.xml") == {
         "test_a_world_that_died_starting_is_retried": "passed", **AFTER_FAULTS,
         "test_given_on_the_test": "passed", "test_inner_given_as_documented": "passed",
         "test_rank_dependent_draws": "failed", "test_example_in_a_world": "failed"}, out
     # a rank that died while starting: retried once, and its reason is in its log
     assert "launch: a 2-rank world died while starting and a fresh one was started" in out
-    logs = "".join(f.read_text() for f in repo.glob(".launch-logs/*/w2g1-rank1.log"))
+    logs = "".join(f.read_text() for f in user_repo.glob(".launch-logs/*/w2g1-rank1.log"))
     assert "Fatal Python error: Aborted" in logs and "test_startup.py" in logs, logs
     assert "timed out after 3 s during test_faults.py::test_hang" in out, out
     assert "rank 1: DIED during test_faults.py::test_rank1_dies" in out, out
@@ -185,11 +152,11 @@ def test_plain_pytest_recovers_runs_hypothesis_in_lockstep_and_retries_a_start(r
     assert "FailedHealthCheck" not in out, out
 
 
-def test_xdist_workers_each_recover_after_hang_and_death(repo):
-    (repo / "test_faults.py").write_text(FAULTS)
-    p = _run(repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+def test_xdist_workers_each_recover_after_hang_and_death(user_repo):
+    (user_repo / "test_faults.py").write_text(FAULTS)
+    p = run_in(user_repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
              "--dist-timeout=90", "-q", "-n", "2", *(f"test_faults.py::{t}" for t in XDIST))
-    assert _junit(repo / "junit.xml") == XDIST, p.stdout
+    assert _junit(user_repo / "junit.xml") == XDIST, p.stdout
 
 
 T4 = '''
@@ -231,28 +198,28 @@ def test_later():
 '''
 
 
-def test_torchrun_4_resume_line_names_the_run_and_an_interrupt_is_an_interrupt(repo):
-    (repo / "test_t4.py").write_text(T4)
-    p = _run(repo, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+def test_torchrun_4_resume_line_names_the_run_and_an_interrupt_is_an_interrupt(user_repo):
+    (user_repo / "test_t4.py").write_text(T4)
+    p = run_in(user_repo, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
              "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml", "-q",
              "test_t4.py")
     out = p.stdout
-    assert _junit(repo / "junit.xml") == {"test_inner_given_in_a_sub_world": "passed",
+    assert _junit(user_repo / "junit.xml") == {"test_inner_given_in_a_sub_world": "passed",
                                           "test_hang_in_a_sub_world": "failed",
                                           "test_never_runs": "skipped"}, out
     assert ("torchrun --nproc_per_node=4 -m pytest -p no:cacheprovider --junitxml=junit.xml"
             " -q test_t4.py --dist-start-after=test_t4.py::test_hang_in_a_sub_world") in out, out
     assert "ranks 1..3 logged to" in out and "other nodes" not in out, out
 
-    (repo / "test_int.py").write_text(INTERRUPT)
-    p = _run(repo, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+    (user_repo / "test_int.py").write_text(INTERRUPT)
+    p = run_in(user_repo, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
              "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml", "-q",
              "test_int.py", stop_when="started")
     out = p.stdout
-    assert _junit(repo / "junit.xml") == {"test_first": "passed",
+    assert _junit(user_repo / "junit.xml") == {"test_first": "passed",
                                           "test_stopped_by_the_user": "skipped"}, out
     assert "not run (interrupted): torchrun got SIGTERM while this test ran" in \
-        (repo / "junit.xml").read_text()
+        (user_repo / "junit.xml").read_text()
     assert "launch: interrupted (SIGTERM to torchrun) during test_int.py::" \
         "test_stopped_by_the_user" in out, out
     assert "1 of 3 tests ran; 2 not run, starting with test_int.py::test_stopped_by_the_user" in out
@@ -271,20 +238,20 @@ if os.environ.get("LAUNCH_SERVER"):
 
 @pytest.mark.skipif(not os.environ.get("LAUNCH_LOAD_TESTS"),
                     reason="under-load recovery (about a minute): set LAUNCH_LOAD_TESTS=1")
-def test_recovery_beside_cpu_burners_with_slow_collection(repo):
-    (repo / "test_faults.py").write_text(FAULTS)
-    (repo / "test_slow_import.py").write_text(SLOW_COLLECTION)
+def test_recovery_beside_cpu_burners_with_slow_collection(user_repo):
+    (user_repo / "test_faults.py").write_text(FAULTS)
+    (user_repo / "test_slow_import.py").write_text(SLOW_COLLECTION)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(2 * (os.cpu_count() or 2))]
     try:
-        p = _run(repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+        p = run_in(user_repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
                  "--dist-timeout=120", "-q", "test_slow_import.py", "test_faults.py",
                  timeout=900)
     finally:
         for b in burners:
             b.kill()
             b.wait()
-    assert _junit(repo / "junit.xml") == AFTER_FAULTS, p.stdout
+    assert _junit(user_repo / "junit.xml") == AFTER_FAULTS, p.stdout
 
 
 pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier

@@ -10,13 +10,10 @@ in this venv (its ``pytest11`` entry points are all it gets).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from childrun import UNDER_TORCHRUN, _junit, _processes_in
+from _user_repo import run_in
+from childrun import _junit
 
 PLANTED = '''
 import pytest, torch, torch.distributed as dist
@@ -49,57 +46,30 @@ def test_x(x):
 '''
 
 
-def run(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python *args`` in ``tmp`` (not this repository), output merged."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([sys.executable, *args], cwd=tmp, env=env, text=True, timeout=timeout,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert not _processes_in(tmp), f"processes left behind\n{p.stdout}"
-    return p
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    if UNDER_TORCHRUN:
-        pytest.skip("self-test starts its own worlds; run it with plain pytest")
-    # Asked from the user's folder: in this repository's root a stale
-    # dtensor.egg-info from an old build can shadow the installed metadata.
-    names = subprocess.run(
-        [sys.executable, "-c", "from importlib.metadata import entry_points; "
-         "print(sorted(e.value for e in entry_points(group='pytest11')))"],
-        cwd=tmp_path, capture_output=True, text=True).stdout
-    assert "'launch.plugin'" in names and "'launch.fuzz.replay'" in names, (
-        f"the project's pytest11 entry points are not installed ({names}): "
-        "pip install -e '.[test]'")
-    return tmp_path
-
-
 @pytest.mark.slow
-def test_a_session_finds_a_planted_failure_and_plain_pytest_replays_it_first(repo):
-    (repo / "test_user_dist.py").write_text(PLANTED)
-    p = run(repo, "-m", "launch", "fuzz", "test_user_dist.py", "--minutes", "0.75",
+def test_a_session_finds_a_planted_failure_and_plain_pytest_replays_it_first(user_repo):
+    (user_repo / "test_user_dist.py").write_text(PLANTED)
+    p = run_in(user_repo, "-m", "launch", "fuzz", "test_user_dist.py", "--minutes", "0.75",
             "--nproc", "4", "--report", "rep")
     out = p.stdout
     assert p.returncode == 1, out
     assert "FAILED test_user_dist.py::test_planted: error AssertionError" in out, out
     assert "example: x=700" in out, out
     # A 2-rank property in a 4-rank world: only ranks 0 and 1 ran it.
-    doc = json.loads((repo / "rep" / "report.json").read_text())
+    doc = json.loads((user_repo / "rep" / "report.json").read_text())
     (fail,) = doc["failures"]
     assert sorted(fail["per_rank"]) == ["0", "1"] and all(fail["per_rank"].values()), fail
-    md = (repo / "rep" / "report.md").read_text()
+    md = (user_repo / "rep" / "report.md").read_text()
     assert "shrunk identically on every rank: yes (ranks 0-1, the test's world of 2 in 4)" \
         in md, md
 
     # Plain pytest, nothing loaded by hand: the stored failure runs first and
     # fails on its stored example, though the test asks for 3 examples only.
-    p = run(repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml", "-v",
+    p = run_in(user_repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml", "-v",
             "test_user_dist.py")
     out = p.stdout
     assert p.returncode == 1, out
-    assert _junit(repo / "junit.xml") == {"test_planted": "failed",
+    assert _junit(user_repo / "junit.xml") == {"test_planted": "failed",
                                           "test_plain_first": "passed"}, out
     assert out.index("test_planted") < out.index("test_plain_first"), out
     assert "x=700" in out, out
@@ -111,19 +81,19 @@ def test_a_session_finds_a_planted_failure_and_plain_pytest_replays_it_first(rep
     ({"test_p.py": NO_GIVEN}, ["test_p.py", "-p", "no_such_plugin"], "no_such_plugin"),
     ({"test_p.py": PLANTED}, ["test_p.py", "--hypothesis-profile=nope"], "nope"),
 ])
-def test_a_session_that_cannot_run_fails_with_the_reason(repo, files, args, says):
+def test_a_session_that_cannot_run_fails_with_the_reason(user_repo, files, args, says):
     for name, text in files.items():
-        (repo / name).write_text(text)
-    p = run(repo, "-m", "launch", "fuzz", "--minutes", "0.5", "--nproc", "2", *args)
+        (user_repo / name).write_text(text)
+    p = run_in(user_repo, "-m", "launch", "fuzz", "--minutes", "0.5", "--nproc", "2", *args)
     assert p.returncode not in (0, 1), p.stdout  # 1: failures found
     assert says in p.stdout, p.stdout
     assert "0 examples" not in p.stdout, p.stdout
 
 
 @pytest.mark.slow
-def test_worlds_that_cannot_start_fail_the_session_with_their_reason(repo):
-    (repo / "test_r.py").write_text(RANKS_CANNOT_START)
-    p = run(repo, "-m", "launch", "fuzz", "test_r.py", "--minutes", "0.5", "--nproc", "2")
+def test_worlds_that_cannot_start_fail_the_session_with_their_reason(user_repo):
+    (user_repo / "test_r.py").write_text(RANKS_CANNOT_START)
+    p = run_in(user_repo, "-m", "launch", "fuzz", "test_r.py", "--minutes", "0.5", "--nproc", "2")
     assert p.returncode == 3, p.stdout
     assert "no example ran" in p.stdout, p.stdout
     assert "cannot be imported on a rank (planted)" in p.stdout, p.stdout

@@ -8,34 +8,24 @@ no conftest and no pytest configuration.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from childrun import UNDER_TORCHRUN, _processes_in
+from _user_repo import run_in
 
 from launch import agree
 
 
-def run(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m launch *args`` in ``tmp`` (not this repository), output merged."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([sys.executable, "-m", "launch", *args], cwd=tmp, env=env, text=True,
-                       timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert not _processes_in(tmp), f"processes left behind\n{p.stdout}"
-    return p
+def run(repo: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m launch *args`` in the user's repository."""
+    return run_in(repo, "-m", "launch", *args, timeout=timeout)
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    if UNDER_TORCHRUN:
-        pytest.skip("self-test starts its own worlds; run it with plain pytest")
-    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
-    return tmp_path
+def repo(user_repo: Path) -> Path:
+    (user_repo / "test_x.py").write_text("def test_x():\n    pass\n")
+    return user_repo
 
 
 @pytest.mark.parametrize(("argv", "says"), [

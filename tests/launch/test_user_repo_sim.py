@@ -10,13 +10,12 @@ verdict a real world gives, or the error that names the form.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from childrun import UNDER_TORCHRUN, _junit, _processes_in
+from _user_repo import run_in
+from childrun import _junit
 
 FORMS = '''
 import pytest, torch, torch.distributed as dist
@@ -62,46 +61,34 @@ def test_inner_given(world):
 '''
 
 
-def run(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        "--junitxml=junit.xml", *args], cwd=tmp, env=env, text=True,
-                       timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert not _processes_in(tmp), f"processes left behind\n{p.stdout}"
-    return p
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    if UNDER_TORCHRUN:
-        pytest.skip("self-test starts its own worlds; run it with plain pytest")
-    return tmp_path
+def run(repo: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``pytest *args`` in the user's repository, a junit report beside."""
+    return run_in(repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+                  *args, timeout=timeout)
 
 
 EXPECTED = {"test_given_on_the_test": "passed", "test_given_on_the_test_fails": "failed",
             "test_through_data": "passed"}
 
 
-def test_given_forms_in_a_simulated_world(repo):
-    (repo / "test_forms.py").write_text(FORMS)
-    p = run(repo, "--dist-sim", "-q", "test_forms.py", timeout=200)
-    assert _junit(repo / "junit.xml") == EXPECTED, p.stdout
+def test_given_forms_in_a_simulated_world(user_repo):
+    (user_repo / "test_forms.py").write_text(FORMS)
+    p = run(user_repo, "--dist-sim", "-q", "test_forms.py", timeout=200)
+    assert _junit(user_repo / "junit.xml") == EXPECTED, p.stdout
     assert "planted" in p.stdout and "not initialized in the world group map" not in p.stdout
 
 
 @pytest.mark.slow
-def test_given_forms_in_a_real_world_give_the_same_verdicts(repo):
-    (repo / "test_forms.py").write_text(FORMS)
-    p = run(repo, "-q", "test_forms.py")
-    assert _junit(repo / "junit.xml") == EXPECTED, p.stdout
+def test_given_forms_in_a_real_world_give_the_same_verdicts(user_repo):
+    (user_repo / "test_forms.py").write_text(FORMS)
+    p = run(user_repo, "-q", "test_forms.py")
+    assert _junit(user_repo / "junit.xml") == EXPECTED, p.stdout
 
 
-def test_an_inner_given_in_a_simulated_world_says_what_to_write(repo):
-    (repo / "test_inner.py").write_text(INNER)
-    p = run(repo, "--dist-sim", "-q", "--dist-timeout=60", "test_inner.py", timeout=120)
-    assert _junit(repo / "junit.xml") == {"test_inner_given": "failed"}, p.stdout
+def test_an_inner_given_in_a_simulated_world_says_what_to_write(user_repo):
+    (user_repo / "test_inner.py").write_text(INNER)
+    p = run(user_repo, "--dist-sim", "-q", "--dist-timeout=60", "test_inner.py", timeout=120)
+    assert _junit(user_repo / "junit.xml") == {"test_inner_given": "failed"}, p.stdout
     assert "InnerGivenInSimWorld" in p.stdout, p.stdout
     assert "test_inner_given.<locals>.check is an inner @given" in p.stdout, p.stdout
     assert "@given(data=st.data())" in p.stdout, p.stdout

@@ -10,13 +10,11 @@ timeout far above the suite's length and look for the dump.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+import signal
 
 import pytest
-from childrun import UNDER_TORCHRUN, _junit, _processes_in
+from _user_repo import run_in
+from childrun import _junit
 
 SUB_WORLD_FAILS = '''
 import pytest, torch, torch.distributed as dist
@@ -47,23 +45,6 @@ def test_ok():
 TIMEOUT = "--dist-timeout=600"  # a rank left waiting would hold the job this long
 
 
-def run(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([sys.executable, *args], cwd=tmp, env=env, text=True, timeout=timeout,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert not _processes_in(tmp), f"processes left behind\n{p.stdout}"
-    return p
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    if UNDER_TORCHRUN:
-        pytest.skip("self-test starts its own worlds; run it with plain pytest")
-    return tmp_path
-
-
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
             "-m", "pytest"]
 LAUNCH = ["-m", "launch", "--nproc-per-node", "4", "--"]
@@ -72,25 +53,25 @@ LAUNCH = ["-m", "launch", "--nproc-per-node", "4", "--"]
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["torchrun", "launch"])
 @pytest.mark.parametrize("stop", [["-x"], ["--maxfail=1"]], ids=["x", "maxfail"])
-def test_a_failure_on_a_sub_world_stops_every_rank(repo, how, stop):
-    (repo / "test_stop.py").write_text(SUB_WORLD_FAILS)
+def test_a_failure_on_a_sub_world_stops_every_rank(user_repo, how, stop):
+    (user_repo / "test_stop.py").write_text(SUB_WORLD_FAILS)
     cmd = TORCHRUN if how == "torchrun" else LAUNCH
-    p = run(repo, *cmd, "-q", "-p", "no:cacheprovider", "--junitxml=junit.xml", TIMEOUT,
+    p = run_in(user_repo, *cmd, "-q", "-p", "no:cacheprovider", "--junitxml=junit.xml", TIMEOUT,
             *stop, "test_stop.py", timeout=240)
     out = p.stdout
     assert p.returncode == 1, out
-    assert _junit(repo / "junit.xml") == {"test_first": "passed",
+    assert _junit(user_repo / "junit.xml") == {"test_first": "passed",
                                           "test_fails_on_two_ranks": "failed"}, out
     assert "stopping after 1 failures" in out, out
-    logs = "".join(f.read_text() for f in repo.glob(".launch-logs/*/rank*.log"))
+    logs = "".join(f.read_text() for f in user_repo.glob(".launch-logs/*/rank*.log"))
     assert "timed out" not in out + logs and "most recent call first" not in logs, out
 
 
 @pytest.mark.slow
-def test_a_collection_error_on_one_rank_stops_every_rank(repo):
-    (repo / "test_a_broken.py").write_text(ONE_RANK_CANNOT_COLLECT)
-    (repo / "test_b_ok.py").write_text(OK)
-    p = run(repo, *TORCHRUN, "-q", "-p", "no:cacheprovider", TIMEOUT, ".", timeout=240)
+def test_a_collection_error_on_one_rank_stops_every_rank(user_repo):
+    (user_repo / "test_a_broken.py").write_text(ONE_RANK_CANNOT_COLLECT)
+    (user_repo / "test_b_ok.py").write_text(OK)
+    p = run_in(user_repo, *TORCHRUN, "-q", "-p", "no:cacheprovider", TIMEOUT, ".", timeout=240)
     out = p.stdout
     assert p.returncode != 0, out
     assert "1 errors during collection on rank 1" in out, out
@@ -116,27 +97,15 @@ def test_later():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["torchrun", "launch"])
-def test_ctrl_c_stops_every_rank_at_the_same_test(repo, how):
+def test_ctrl_c_stops_every_rank_at_the_same_test(user_repo, how):
     """^C in a terminal: SIGINT to the whole foreground process group."""
-    import signal
-    import time
-
-    (repo / "test_int.py").write_text(SLEEPS)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "LAUNCH_")) and k not in ("RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", STAMPS_DIR=str(repo))
+    (user_repo / "test_int.py").write_text(SLEEPS)
     head = (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
              "pytest"] if how == "torchrun" else ["-m", "launch", "--nproc-per-node", "2", "--"])
-    cmd = [*head, "-q", "-p", "no:cacheprovider", "test_int.py"]
-    p = subprocess.Popen([sys.executable, *cmd], cwd=repo, env=env, text=True,
-                         start_new_session=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-    end = time.monotonic() + 200
-    while not (repo / "started").exists() and p.poll() is None and time.monotonic() < end:
-        time.sleep(0.1)
-    os.killpg(p.pid, signal.SIGINT)
-    out, _ = p.communicate(timeout=60)  # not the 120 s the test sleeps
-    assert not _processes_in(repo), f"processes left behind\n{out}"
+    p = run_in(user_repo, *head, "-q", "-p", "no:cacheprovider", "test_int.py",
+               timeout=200, stop_when="started", stop=signal.SIGINT, to_group=True,
+               after_stop=60)  # not the 120 s the test sleeps
+    out = p.stdout
     assert "launch: interrupted (SIGINT" in out and "during test_int.py::test_sleeps" in out, out
     assert "1 of 3 tests ran; 2 not run, starting with test_int.py::test_sleeps" in out, out
     assert p.returncode != 0, out
