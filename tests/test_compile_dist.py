@@ -33,7 +33,6 @@ from dtensor import (
 )
 from dtensor import random as rng
 
-W2 = pytest.mark.world_size(2)
 BACKENDS = ["aot_eager", "inductor"]
 
 
@@ -43,10 +42,6 @@ def _fresh_compiler():
     with torch._inductor.config.patch(compile_threads=1):  # no worker pool on 2 cores
         yield
     torch._dynamo.reset()
-
-
-def _mesh() -> DeviceMesh:
-    return DeviceMesh("cpu", [0, 1])
 
 
 def _assert_same(got, want) -> None:
@@ -93,10 +88,10 @@ def _program(a, b, c, local, mesh):
     return _local_ops(a, b, c), _ways_in_and_out(local, mesh)
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ops_and_ways_in_and_out_compile_fullgraph(world, backend) -> None:
-    mesh = _mesh()
+def test_ops_and_ways_in_and_out_compile_fullgraph(line_mesh, world, backend) -> None:
+    mesh = line_mesh(2)
     a, b, c, local = _data(world.rank)
     args = (
         distribute_tensor(a, mesh, [Shard(0)]),
@@ -111,15 +106,17 @@ def test_ops_and_ways_in_and_out_compile_fullgraph(world, backend) -> None:
     assert cnt.frame_count == 1
 
 
-@W2
-def test_from_local_redistribute_to_local_are_calls_with_constant_layouts(world) -> None:
+@pytest.mark.world_size(2)
+def test_from_local_redistribute_to_local_are_calls_with_constant_layouts(
+    line_mesh, world
+) -> None:
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     out = torch.compile(_ways_in_and_out, backend=record, fullgraph=True)(torch.ones(2, 3), mesh)
     _assert_same(out, _ways_in_and_out(torch.ones(2, 3), mesh))
     (gm,) = graphs
@@ -134,9 +131,9 @@ def test_from_local_redistribute_to_local_are_calls_with_constant_layouts(world)
 
 
 # Guards --------------------------------------------------------------------------------
-@W2
-def test_recompiles_on_mesh_or_placements_not_on_data(world) -> None:
-    mesh, same_mesh, other_mesh = _mesh(), _mesh(), DeviceMesh("cpu", [1, 0])
+@pytest.mark.world_size(2)
+def test_recompiles_on_mesh_or_placements_not_on_data(line_mesh, world) -> None:
+    mesh, same_mesh, other_mesh = line_mesh(2), line_mesh(2), DeviceMesh("cpu", [1, 0])
     cnt = CompileCounterWithBackend("aot_eager")
     f = torch.compile(lambda x: (x * 2).sum(0), backend=cnt, fullgraph=True)
 
@@ -171,10 +168,10 @@ def _mlp(p, x, y):
     return F.cross_entropy(F.linear(h, p["w2"], p["b2"]), y)
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_mlp_training_step_matches_eager(world, backend) -> None:
-    mesh = _mesh()
+def test_compiled_mlp_training_step_matches_eager(line_mesh, world, backend) -> None:
+    mesh = line_mesh(2)
     g = torch.Generator().manual_seed(0)
     init = {
         "w1": torch.randn(16, 8, generator=g) * 0.3, "b1": torch.randn(16, generator=g) * 0.1,
@@ -209,9 +206,11 @@ def test_compiled_mlp_training_step_matches_eager(world, backend) -> None:
     assert cnt.frame_count == 1
 
 
-@W2
-def test_gradient_in_another_layout_reaches_the_compiled_backward(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_gradient_in_another_layout_reaches_the_compiled_backward(
+    line_mesh, world
+) -> None:
+    mesh = line_mesh(2)
     w = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
     grad = distribute_tensor(torch.arange(8.0).reshape(4, 2) / 8, mesh, [Replicate()])
     f = torch.compile(lambda w: torch.tanh(w * 0.1) * 3, backend="aot_eager", fullgraph=True)
@@ -237,11 +236,13 @@ class _Block(torch.nn.Module):
         return x + self.ffn["w2"](torch.relu(self.ffn["w1"](h)))
 
 
-@W2
-def test_parallelized_block_compiles_as_one_graph_and_trains_like_eager(world) -> None:
+@pytest.mark.world_size(2)
+def test_parallelized_block_compiles_as_one_graph_and_trains_like_eager(
+    line_mesh, world
+) -> None:
     from dtensor import parallel as tp
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     torch.manual_seed(0)
     base = _Block()
     plan = {
@@ -288,13 +289,15 @@ class _Tiny(torch.nn.Module):
         return self.norm(self.emb(ids))
 
 
-@W2
-def test_vocab_parallel_embedding_compiles_into_the_model_graph(world) -> None:
+@pytest.mark.world_size(2)
+def test_vocab_parallel_embedding_compiles_into_the_model_graph(
+    line_mesh, world
+) -> None:
     # Its forward lives in dtensor (skipped by Dynamo): untraced, whole-model
     # compile broke the graph there and fullgraph=True raised.
     from dtensor import parallel as tp
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     torch.manual_seed(0)
     base = _Tiny()
     plan = {"emb": tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -311,10 +314,12 @@ def _random(x):
     return F.dropout(x, 0.5) + torch.rand_like(x), torch.empty_like(x).normal_(1.0, 2.0)
 
 
-@W2
+@pytest.mark.world_size(2)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_random_ops_compiled_equal_eager_for_every_layout(world, backend) -> None:
-    mesh = _mesh()
+def test_random_ops_compiled_equal_eager_for_every_layout(
+    line_mesh, world, backend
+) -> None:
+    mesh = line_mesh(2)
     f = torch.compile(_random, backend=backend, fullgraph=True)
     results = {}
     for placements in ([Shard(0)], [Shard(1)], [Replicate()]):
@@ -335,9 +340,9 @@ def test_random_ops_compiled_equal_eager_for_every_layout(world, backend) -> Non
 
 
 # Limits and regressions ------------------------------------------------------------------
-@W2
-def test_unsupported_under_compile_raise_clear_errors(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_unsupported_under_compile_raise_clear_errors(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     with pytest.raises(Exception, match=r"run_check=True is not supported under torch\.compile"):
         torch.compile(
             lambda t: DTensor.from_local(t, mesh, [Shard(0)], run_check=True),
@@ -350,9 +355,9 @@ def test_unsupported_under_compile_raise_clear_errors(world) -> None:
     assert issubclass(MeshError, RuntimeError) and issubclass(PlacementError, RuntimeError)
 
 
-@W2
-def test_factories_graph_break_and_run_eagerly(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_factories_graph_break_and_run_eagerly(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
 
     def f(d):
@@ -370,9 +375,9 @@ def test_factories_graph_break_and_run_eagerly(world) -> None:
         torch.compile(f, backend="aot_eager", fullgraph=True)(x)
 
 
-@W2
-def test_constant_factories_compile_fullgraph(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_constant_factories_compile_fullgraph(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
 
     def f(d):
@@ -387,9 +392,9 @@ def test_constant_factories_compile_fullgraph(world) -> None:
     assert counter.frame_count == 1
 
 
-@W2
-def test_layouts_live_across_a_graph_break(world) -> None:
-    mesh = _mesh()
+@pytest.mark.world_size(2)
+def test_layouts_live_across_a_graph_break(line_mesh, world) -> None:
+    mesh = line_mesh(2)
     x = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
 
     def f(d):
@@ -400,11 +405,13 @@ def test_layouts_live_across_a_graph_break(world) -> None:
     _assert_same(torch.compile(f, backend="aot_eager")(x), f(x))
 
 
-@W2
-def test_meshes_and_placements_pickle_and_copy_for_compile_caches(world) -> None:
+@pytest.mark.world_size(2)
+def test_meshes_and_placements_pickle_and_copy_for_compile_caches(
+    line_mesh, world
+) -> None:
     import copy
 
-    mesh = _mesh()
+    mesh = line_mesh(2)
     assert pickle.loads(pickle.dumps(mesh)) == mesh and copy.deepcopy(mesh) is mesh
     for p in (Shard(1), Replicate(), Partial("avg")):
         assert pickle.loads(pickle.dumps(p)) == p

@@ -30,8 +30,6 @@ import torch.distributed as dist
 
 from dtensor import DeviceMesh, DTensor, Replicate, Shard, _comm, distribute_tensor
 
-W2 = pytest.mark.world_size(2)
-
 
 @pytest.fixture(autouse=True)
 def _fresh_compiler():
@@ -60,7 +58,7 @@ def _gather_digests(text: str, world) -> list[int]:
     return [int(t) for t in out]
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_group_names_are_a_function_of_world_and_ranks(world) -> None:
     mesh = DeviceMesh("cpu", [1, 0])
     name = mesh.get_group().group_name
@@ -72,7 +70,7 @@ def test_group_names_are_a_function_of_world_and_ranks(world) -> None:
     assert again.get_group() is mesh.get_group()
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_compiled_code_outlives_the_mesh_that_traced_it(world) -> None:
     step = _gather_twice(DeviceMesh("cpu", [1, 0]))
     first = step(torch.full((2, 3), float(world.rank)))
@@ -83,7 +81,7 @@ def test_compiled_code_outlives_the_mesh_that_traced_it(world) -> None:
     assert torch.equal(second, torch.cat([torch.full((2, 3), 22.0), torch.full((2, 3), 20.0)]))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_meshes_over_the_same_ranks_built_and_dropped_in_turn(world) -> None:
     results = []
     for k in range(3):
@@ -100,7 +98,7 @@ def test_meshes_over_the_same_ranks_built_and_dropped_in_turn(world) -> None:
         assert torch.equal(got, want), (k, got)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_cache_keys_name_the_world(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     key = mesh._cache_key()
