@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtensor import _arith, _compile, _local_check, _persist
+from dtensor import _arith, _compile, _local_check, _optim, _persist
 from dtensor._tensor_grad import _FromLocal, _Redistribute, _ToLocal
 from dtensor._tensor_grad import redistribute_cast as _redistribute_cast
 from dtensor.dispatch import dispatch as _dispatch
@@ -326,6 +326,7 @@ def _norm(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
 
 serve(DTensor)
 _arith.install(DTensor, _dispatch)
+_optim.install(DTensor)
 
 # clip_grad_norm_, get_total_norm and optimizers take their foreach paths only
 # for types listed here (their rules: dtensor/rules/foreach.py, norms.py).

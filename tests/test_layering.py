@@ -124,10 +124,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tensor", (
         "tensor.py", "distribute.py", "factories.py", "interop.py", "experimental.py",
         "checkpoint.py", "debug.py", "_module_tracker.py", "module.py", "_tensor_grad.py",
-        "_arith.py",
+        "_arith.py", "_optim.py",
     )),
     ("parallel", ("parallel/",)),
-    ("fsdp", ("fsdp/",)),
     ("package", ("__init__.py",)),
     ("testing", ("testing/",)),
 )

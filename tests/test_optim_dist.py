@@ -218,7 +218,7 @@ DEFAULTS = {
 def test_default_flag_optimizers_take_the_foreach_path(world, name, monkeypatch) -> None:
     """Default flags (foreach=None) on DTensor parameters: each step runs the
     foreach implementation (one dispatch per op for the whole list, not one
-    per parameter; dtensor/dispatch/optim.py), equal to single device, with no
+    per parameter; dtensor/_optim.py), equal to single device, with no
     communication, and the user's flag reads None again after the step. A
     group holding a plain tensor keeps torch's per-parameter loop."""
     import importlib

@@ -11,12 +11,11 @@ back, wrap the results once. Every stage reads the op's one record
 Dispatch sits below the DTensor class (the class calls it), so it never
 imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
 ``guard``: users' rules' claimed output blocks are checked once per new plan.
-``optim``: default-flag SGD/Adam/AdamW over DTensors take the foreach path.
 """
 
 from __future__ import annotations
 
-from dtensor.dispatch import call, execute, fast, form, general, guard, optim, random_ops, wrap
+from dtensor.dispatch import call, execute, fast, form, general, guard, random_ops, wrap
 from dtensor.dispatch.cache import forget
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
@@ -26,9 +25,8 @@ __all__ = ["check_builtin_rules", "dispatch", "forget", "implicit_replication", 
 
 def serve(tensor_type: type) -> None:
     """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor)."""
-    for module in (call, execute, fast, form, general, optim, random_ops, wrap):
+    for module in (call, execute, fast, form, general, random_ops, wrap):
         module.DTensor = tensor_type
-    optim.install()
 
 
 def check_builtin_rules(on: bool = True) -> None:

@@ -17,6 +17,10 @@ raises); the post-hook puts ``None`` back, so ``param_groups`` and
 the ``_foreach_*`` ops their foreach paths call have sharding rules
 (``dtensor/rules/foreach.py``); other optimizers' foreach ops would take
 the replicate fallback, so they keep their loop.
+
+The hooks belong to the DTensor type, not to dispatch (they run no op):
+``dtensor.tensor`` installs them with its class, as it installs its Python
+operators (``dtensor._arith``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch.optim.optimizer import (
 
 __all__ = ["install"]
 
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+# The DTensor class; dtensor.tensor hands it over (``install``).
 DTensor: Any = None
 
 _KINDS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
@@ -73,8 +77,10 @@ def _post(optimizer, args, kwargs):
         g["foreach"] = None
 
 
-def install() -> None:
-    """Register the hooks (once per process)."""
+def install(tensor_type: type) -> None:
+    """Register the hooks for parameters of ``tensor_type`` (once per process)."""
+    global DTensor
+    DTensor = tensor_type
     if not _handles:
         _handles.append(register_optimizer_step_pre_hook(_pre))
         _handles.append(register_optimizer_step_post_hook(_post))
