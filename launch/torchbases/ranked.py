@@ -70,6 +70,25 @@ def _default_group(self: Any) -> Any:
     return c10d._get_default_group()
 
 
+def _destroy_pg(self: Any, device_id: int | None = None) -> None:
+    # NOTE: DTensorTestBase.destroy_pg waits in a barrier for every rank before
+    # ending the group; a rank whose body raised skips it (``with_comms``), so
+    # under a persistent world the others would wait there for good. The group
+    # is the world and outlives the test: nothing to wait for.
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # a no-op on the world (pg_bound_to_world)
+
+
+def _base_destroy_pg() -> Any:
+    import sys
+
+    from launch.torchbases.kinds import DTENSOR_MODULE
+
+    base = getattr(sys.modules.get(DTENSOR_MODULE), "DTensorTestBase", None)
+    return getattr(base, "destroy_pg", None)
+
+
 def ranked(cls: type, world_size: int) -> type:
     """``cls`` as one rank of the running world (cached per class).
 
@@ -89,6 +108,9 @@ def ranked(cls: type, world_size: int) -> type:
         "_spawn_processes": staticmethod(_noop),
         "_start_processes": staticmethod(_noop),
     }
+    base_destroy = _base_destroy_pg()
+    if base_destroy is not None and getattr(cls, "destroy_pg", None) is base_destroy:
+        ns["destroy_pg"] = _destroy_pg  # the class's own override is kept
     if is_continuous(cls):
         ns.update({
             "_ensure_processes_spawned": classmethod(_noop),

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -136,12 +137,73 @@ def test_in_process_bases_under_simulated_worlds(tmp_path: Path) -> None:
 
 @slow
 @needs_own_worlds
+def test_in_process_bases_under_torchrun(tmp_path: Path) -> None:
+    """Inside a rank, c10d holds a world of their own while they run
+    (``launch.torchbases.inproc.own_world``): without it the fake and threaded
+    groups meet the rank's default group."""
+    files = ("corpus_inproc.py",)
+    got, out = run_corpus(tmp_path, "torchrun", files)
+    _check(got, {k: v[1] for k, v in expected(files).items()}, out)
+
+
+@slow
+@needs_own_worlds
 def test_a_hang_in_a_continuous_class_is_bounded(tmp_path: Path) -> None:
     files = ("corpus_continuous_hang.py",)
     got, out = run_corpus(tmp_path, "plain", files)
     _check(got, {k: v[1] for k, v in expected(files).items()}, out)
     assert "timed out after 5 s during corpus_continuous_hang.py::ContinuousHang::" \
            "test_b_hangs_on_rank_1" in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@slow
+@needs_own_worlds
+def test_two_nodes_give_the_bases_own_verdicts(tmp_path: Path) -> None:
+    """Two torchrun agents on this machine (``--nnodes=2 --nproc-per-node=2``,
+    c10d rendezvous): 4-rank classes span both nodes, a 2-rank class runs on
+    node 0's sub-world; one junit file, on global rank 0, with the verdicts
+    the bases' own harness gives the same file."""
+    files = ("corpus_nodes.py",)
+    want = {k: v[1] for k, v in expected(files).items()}
+    (tmp_path / "own").mkdir()
+    got, out = run_corpus(tmp_path / "own", "own", files)
+    _check(got, {k: v[0] for k, v in expected(files).items()}, out)
+    for name in files:
+        shutil.copy(HERE / name, tmp_path / name)
+    env = {k: v for k, v in os.environ.items() if k not in _WORLD_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+           "--nproc-per-node=2", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=torchbases",
+           "--max-restarts=0", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+           "--junitxml=out.xml", *files]
+    logs = [tmp_path / f"node{k}.out" for k in (0, 1)]
+    procs = []
+    for k, log in enumerate(logs):  # node 0 first: it hosts the rendezvous
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=f,
+                                          stderr=subprocess.STDOUT))
+        time.sleep(1.0 if k == 0 else 0.0)
+    try:
+        for p in procs:
+            p.wait(timeout=600)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = "\n".join(f"--- {log.name} ---\n{log.read_text()}" for log in logs)
+    assert (tmp_path / "out.xml").exists(), out[-4000:]
+    _check(verdicts(tmp_path / "out.xml"), want, out)
+    assert "failed on rank 3 of 4 (ranks 0, 1, 2: passed)" in out, out[-4000:]
 
 
 pytestmark = pytest.mark.slow  # starts several worlds or compiles: the full run, not the quick tier
