@@ -15,7 +15,7 @@ imports the class: ``dtensor.tensor`` hands it over once with ``serve``.
 
 from __future__ import annotations
 
-from dtensor.dispatch import call, execute, fast, form, general, guard, random_ops, wrap
+from dtensor.dispatch import fast, guard, wrap
 from dtensor.dispatch.cache import forget
 from dtensor.dispatch.call import implicit_replication
 from dtensor.dispatch.fast import dispatch
@@ -24,9 +24,13 @@ __all__ = ["check_builtin_rules", "dispatch", "forget", "implicit_replication", 
 
 
 def serve(tensor_type: type) -> None:
-    """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor)."""
-    for module in (call, execute, fast, form, general, random_ops, wrap):
-        module.DTensor = tensor_type
+    """Make dispatch wrap results in ``tensor_type`` (called by dtensor.tensor).
+
+    ``wrap.DTensor`` is where all of dispatch reads the class; the fast path
+    keeps its own name for it (one global read per argument, not a global
+    read and an attribute read).
+    """
+    wrap.DTensor = fast.DTensor = tensor_type
 
 
 def check_builtin_rules(on: bool = True) -> None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from dtensor.dispatch import wrap as _served  # holds the DTensor class
 from dtensor.errors import MeshError, ShardingError
 
 __all__ = [
@@ -28,9 +28,6 @@ __all__ = [
     "implicit_replication",
     "tensor_leaves",
 ]
-
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
-DTensor: Any = None
 
 _state = threading.local()
 
@@ -177,7 +174,7 @@ class Call:
 
 def _key(x, specs: list, operands: list, implicit: bool):
     """A tensor argument in key form; records it as an operand if it is one."""
-    if isinstance(x, DTensor):
+    if isinstance(x, _served.DTensor):
         specs.append(x._spec)
         operands.append(x)
         return x._spec

@@ -7,10 +7,9 @@ right dtype (``None`` for Python scalars).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from dtensor.dispatch import wrap as _served  # holds the DTensor class
 from dtensor.dispatch.call import Call, tensor_leaves
 from dtensor.dispatch.meta import meta_tensor
 from dtensor.dispatch.op import OpInfo
@@ -22,9 +21,6 @@ from dtensor.redistribute import empty_local, redistribute_local
 from dtensor.spec import DTensorSpec, TensorMeta
 
 __all__ = ["run"]
-
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
-DTensor: Any = None
 
 
 def run(call: Call, plan: Plan, info: OpInfo):
@@ -61,7 +57,7 @@ def run(call: Call, plan: Plan, info: OpInfo):
 
     # In-place ops return their (DTensor) self: hand it back, not a copy.
     args = call.args
-    self = args[0] if args and type(args[0]) is DTensor and info.inplace else None
+    self = args[0] if args and type(args[0]) is _served.DTensor and info.inplace else None
     if plan.fallback:
         return rewrap(out, _Replicated(mesh, self, written))
     if not plan.out_specs:

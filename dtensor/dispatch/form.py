@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from dtensor.dispatch import wrap as _served  # holds the DTensor class
 from dtensor.dispatch.op import LIST, NONE, ONE, SELF, TUPLE, OpInfo
 from dtensor.redistribute import plan as plan_steps
 from dtensor.strided import has_strided
@@ -54,9 +55,6 @@ class Fast(NamedTuple):
     extra: Any = None  # LOCAL, MANY, MOVE: as the module docstring says; ONE: None
 
 
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
-DTensor: Any = None
-
 
 def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=None):
     """The fast form for calls like this one, or None.
@@ -73,12 +71,12 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=Non
         out_specs = plan.out_specs
         if not out_specs and (info.returns != NONE or plan.local is not None):
             return None
-    first = next((i for i, a in enumerate(args) if type(a) is DTensor), None)
+    first = next((i for i, a in enumerate(args) if type(a) is _served.DTensor), None)
     if mesh is None or mesh.get_coordinate() is None:
         return None
     for v in kwargs.values():  # the hot path passes kwargs on untouched
-        if type(v) is DTensor or (
-            type(v) in (list, tuple) and any(type(x) is DTensor for x in v)
+        if type(v) is _served.DTensor or (
+            type(v) in (list, tuple) and any(type(x) is _served.DTensor for x in v)
         ):
             return None
     returns = info.returns
@@ -98,7 +96,7 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=Non
             return None
         spec = None if same else out_specs[0] if returns == ONE else None
         return Fast(FAST_LOCAL, spec=spec, extra=(plan.local, mesh, out_specs))
-    loc = [a._local_tensor if type(a) is DTensor else a for a in args]
+    loc = [a._local_tensor if type(a) is _served.DTensor else a for a in args]
     loc = [_locals(a) if type(a) in (list, tuple) else a for a in loc]
     op = info.binding(loc, kwargs)
     if returns == NONE:
@@ -115,7 +113,7 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=Non
 
 
 def _locals(seq):
-    return type(seq)(x._local_tensor if type(x) is DTensor else x for x in seq)
+    return type(seq)(x._local_tensor if type(x) is _served.DTensor else x for x in seq)
 
 
 def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh):
@@ -136,7 +134,7 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh):
         target = next(targets)
         if target is None:
             continue
-        if type(a) is not DTensor:  # a plain operand to move: the general path
+        if type(a) is not _served.DTensor:  # a plain operand to move: the general path
             return None
         src = a._spec
         if has_strided(src.placements):
@@ -145,10 +143,10 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh):
                       src.shape))
     if not moves or mesh is None or mesh.get_coordinate() is None:
         return None
-    loc = [a._local_tensor if type(a) is DTensor else a for a in args]
+    loc = [a._local_tensor if type(a) is _served.DTensor else a for a in args]
     out = plan.out_specs[0]
     meta = out.tensor_meta
     # As ONE: a result laid out like the first argument takes its spec object.
-    spec = None if type(args[0]) is DTensor and out == args[0]._spec else out
+    spec = None if type(args[0]) is _served.DTensor and out == args[0]._spec else out
     return Fast(FAST_MOVE, info.binding(loc, kwargs), spec, meta.shape, meta.stride,
                 meta.dtype, (mesh, tuple(moves)))

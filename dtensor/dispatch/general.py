@@ -11,11 +11,10 @@ goes into the call table, so the next call with this key skips all this.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.utils._mode_utils import no_dispatch
 
+from dtensor.dispatch import wrap as _served  # holds the DTensor class
 from dtensor.dispatch.cache import TABLE, record, remember
 from dtensor.dispatch.call import Call
 from dtensor.dispatch.execute import run
@@ -29,9 +28,6 @@ from dtensor.placement import format_placements
 __all__ = ["general", "planned"]
 
 aten = torch.ops.aten
-
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
-DTensor: Any = None
 
 
 def general(func, args: tuple, kwargs: dict, key):
@@ -69,9 +65,9 @@ def planned(func, args: tuple, kwargs: dict, plan: Plan):
 
 def _same_spec(result, args):
     if (
-        type(result) is DTensor
+        type(result) is _served.DTensor
         and args
-        and type(args[0]) is DTensor
+        and type(args[0]) is _served.DTensor
         and result is not args[0]
         and result._spec == args[0]._spec
     ):
@@ -99,7 +95,7 @@ def _inplace_view(info, args, kwargs, key):
     every rank before anything changes: the plan depends on the spec alone.
     """
     self = args[0]
-    if not isinstance(self, DTensor):
+    if not isinstance(self, _served.DTensor):
         raise UnsupportedOpError(f"{info.func}: self must be a DTensor")
     twin = info.twin
     # The twin takes the same arguments: its key is this call's, op swapped.

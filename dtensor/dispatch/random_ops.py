@@ -20,13 +20,13 @@ mask depends only on the global index, so masking commutes with the sum;
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from dtensor import _compile, _seeding
 from dtensor import _random_blocks as blocks
 from dtensor import random as rng
+from dtensor.dispatch import wrap as _served  # holds the DTensor class
 from dtensor.dispatch.wrap import wrap
 from dtensor.errors import ShardingError
 from dtensor.placement import (
@@ -43,9 +43,6 @@ from dtensor.strided import draw_runs, has_strided
 __all__ = ["HANDLERS", "no_generator", "zero_partial_sums"]
 
 aten = torch.ops.aten
-
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
-DTensor: Any = None
 
 
 def no_generator(kwargs: dict, op: str) -> None:
@@ -135,7 +132,7 @@ def _non_partial(spec: DTensorSpec) -> DTensorSpec:
 
 def _probabilities(t, like: DTensorSpec) -> torch.Tensor:
     """``t``'s block in the (non-partial) layout ``like``; plain ``t`` is replicated."""
-    if isinstance(t, DTensor):
+    if isinstance(t, _served.DTensor):
         src = t._spec
         dst = src.with_placements(like.placements)
         if like.mesh.get_coordinate() is None:

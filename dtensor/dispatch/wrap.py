@@ -16,7 +16,8 @@ from dtensor.spec import DTensorSpec
 
 __all__ = ["rewrap", "wrap"]
 
-# The DTensor class; dtensor.tensor hands it over (dtensor.dispatch.serve).
+# The DTensor class, for all of dispatch; dtensor.tensor hands it over
+# (dtensor.dispatch.serve).
 DTensor: Any = None
 _mk = torch.Tensor._make_wrapper_subclass
 
