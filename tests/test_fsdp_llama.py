@@ -1,0 +1,81 @@
+"""Covers: dtensor/fsdp/ with examples/llama_fsdp_tp.py: the torchtitan-style
+Llama built on the meta device, sharded per block then at the root, trained with
+AdamW: FSDP on 2 and 4 ranks and FSDP over tensor parallelism (2 x 2, sequence
+parallel plan) give the single-device losses and gradients at every step."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import dtensor
+from dtensor import DeviceMesh, DTensor, Replicate, Shard
+
+_DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, _DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+llama = _load("llama_tp")
+example = _load("llama_fsdp_tp")
+STEPS = 5
+
+
+def _recorder(store: list):
+    def hook(model):
+        store.append({n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+                      for n, p in model.named_parameters()})
+    return hook
+
+
+def _check(mesh, dp_mesh, tp: bool, **kw):
+    args = llama.ModelArgs()
+    data = llama.batches(args, STEPS, batch=4)
+    ref_grads, grads = [], []
+    dtensor.random.manual_seed(0)
+    ref = llama.build_reference(args)
+    ref_losses = example.train(ref, data, None, grad_hook=_recorder(ref_grads), clip=1.0)
+    dtensor.random.manual_seed(0)
+    model = example.build(args, mesh, tp, **kw)
+    losses = example.train(model, data, dp_mesh, grad_hook=_recorder(grads), clip=1.0)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    for step, (got, want) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4,
+                                       msg=lambda m, k=k, step=step: f"grad {k} step {step}: {m}")
+    return model
+
+
+@pytest.mark.dist_timeout(600)
+@pytest.mark.parametrize("n", [
+    pytest.param(2, marks=pytest.mark.world_size(2), id="w2"),
+    pytest.param(4, marks=[pytest.mark.world_size(4), pytest.mark.slow], id="w4"),
+])
+def test_llama_fsdp_trains_like_single_device(world, n) -> None:
+    mesh = DeviceMesh("cpu", list(range(n)), mesh_dim_names=("dp",))
+    model = _check(mesh, mesh, False)
+    assert model.layers["0"].attention.wq.weight.placements == (Shard(0),)
+
+
+@pytest.mark.slow  # 4 ranks on 2 cores: the three tests of this file took 50 s together
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(4)
+def test_llama_fsdp_over_tensor_parallel_trains_like_single_device(world) -> None:
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    model = _check(mesh, mesh["dp"], True)
+    wq = model.layers["0"].attention.wq.weight  # colwise: TP and FSDP both cut rows
+    assert wq.device_mesh.mesh_dim_names == ("tp", "dp")
+    assert wq.placements == (Shard(0), Shard(0))
+    assert model.layers["0"].attention.wo.weight.placements == (Shard(1), Shard(0))
+    assert model.norm.weight.placements == (Replicate(), Shard(0))
