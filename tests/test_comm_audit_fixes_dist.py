@@ -13,6 +13,8 @@ collectives) than PyTorch's and equal the single-device value:
 - ``take`` keeps an index's shards; ``take``/``gather``/``index_select``
   keep max/min pieces (rules/join.py); ``narrow_copy`` keeps the shards of
   the dims it leaves alone (rules/view.py);
+- ``max()`` of ``Partial("max")`` pieces and ``clamp_min``/``clamp_max``
+  of pieces of their extreme stay pieces (rules/extremes.py, pointwise.py);
 - ``norm(dim=)`` (pairwise distance, triplet losses) keeps shards, and
   ``dist`` of a replicated and a sharded operand cuts the replicated one
   (rules/norms.py).
@@ -165,6 +167,17 @@ def test_gather_and_index_select_keep_max_min_pieces(world, kind) -> None:
 def test_narrow_copy_keeps_the_other_dims_shards(world, layout) -> None:
     _check_no_more_than_torch(world, lambda x: torch.narrow_copy(x, 1, 1, 2),
                               [(layout, _pieces((4, 5, 6), 50, 1))])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("case", ["max", "clamp_min", "clamp_max"])
+def test_extremes_keep_pieces_of_the_same_extreme(world, case) -> None:
+    kind = "Pmin" if case == "clamp_max" else "Pmax"
+    a, b = _pieces((5, 4), 60), _pieces((5, 4), 61)
+    if case == "max":
+        _check_no_more_than_torch(world, torch.max, [(kind, a)])
+    else:
+        _check_no_more_than_torch(world, getattr(torch, case), [(kind, a), (kind, b)])
 
 
 @pytest.mark.world_size(2)

@@ -19,7 +19,7 @@ import math
 import torch
 
 from dtensor import _comm
-from dtensor.placement import Replicate, Shard
+from dtensor.placement import Partial, Replicate, Shard
 from dtensor.rules._util import bind, norm_dim, reduced_shard, returns
 from dtensor.rules.reduction import _reduced_dims, reduction
 from dtensor.sharding import Sharding
@@ -76,7 +76,9 @@ def extreme_rule(call):
     """``max()`` / ``min()`` over every dim: the local extreme, then one
     all-reduce of one element per sharded mesh axis; the result is replicated.
 
-    Partial inputs are reduced first (a max of partial sums is not the max).
+    Partial inputs are reduced first (a max of partial sums is not the max),
+    except pieces of the same extreme: ``max()`` of ``Partial("max")`` pieces
+    combines each rank's max as a shard's.
     An empty global tensor keeps the fallback (torch raises there); an empty
     local piece (a trailing rank of an uneven shard) sends the reduction's
     identity. Float values travel as order-preserving integers so that a NaN
@@ -84,23 +86,26 @@ def extreme_rule(call):
     """
     if len(call.specs) != 1:
         return None
-    layout = _extreme_layout(call.specs[0])
+    how = "max" if call.func is aten.max.default else "min"
+    layout = _extreme_layout(call.specs[0], Partial(how))
     if layout is None:
         return _OTHER(call)
     axes, want, rep = layout
-    how = "max" if call.func is aten.max.default else "min"
     return Sharding((want,), (rep,), local=_extreme_local(how, axes), shapes=((),))
 
 
-def _extreme_layout(spec):
-    """For a whole-tensor extreme of ``spec``: the sharded mesh axes, the
-    placements wanted (shards kept, partial values reduced first) and the
-    replicated result's; None where the gathering fallback must serve (no
-    shard, an empty tensor, a dtype without an order-preserving key)."""
-    axes = tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard))
+def _extreme_layout(spec, keep: Partial | None = None):
+    """For a whole-tensor extreme of ``spec``: the mesh axes to combine over,
+    the placements wanted (shards kept, and ``keep`` pieces: the max of
+    ``Partial("max")`` pieces is the max of their maxes; other partial values
+    reduced first) and the replicated result's; None where the gathering
+    fallback must serve (nothing to combine, an empty tensor, a dtype
+    without an order-preserving key)."""
+    axes = tuple(i for i, p in enumerate(spec.placements)
+                 if isinstance(p, Shard) or (keep is not None and p == keep))
     if not axes or math.prod(spec.shape) == 0 or spec.dtype not in _KEY_DTYPE:
         return None
-    want = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
+    want = tuple(p if i in axes else Replicate() for i, p in enumerate(spec.placements))
     return axes, want, (Replicate(),) * len(want)
 
 

@@ -49,7 +49,8 @@ _SCALING = {
 
 
 # Max/min of pieces and replicated values: max_i max(a_i, b) = max(max_i a_i, b).
-_EXTREMUM = {aten.maximum.default: "max", aten.minimum.default: "min"}
+_EXTREMUM = {aten.maximum.default: "max", aten.minimum.default: "min",
+             aten.clamp_min.Tensor: "max", aten.clamp_max.Tensor: "min"}
 # Monotone non-decreasing in their one tensor operand: f(max_i a_i) = max_i f(a_i)
 # (and min), so Partial("max")/Partial("min") pieces pass through.
 _MONOTONE = {
