@@ -112,14 +112,15 @@ class Impl:
                                     ours if not strided else (), None if strided else coord)
         if coord is None:
             local = torch.empty(shape, dtype=x.dtype)
-        elif strided:  # interleaved rows: gather them by index
-            local = x
-            for d, runs in enumerate(block_runs(x.shape, tuple(mesh.shape), ours, coord)):
-                rows = [i for s, n in runs for i in range(s, s + n)]
-                local = local.index_select(d, torch.tensor(rows, dtype=torch.long))
         else:
-            idx = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
-            local = x[idx].clone()
+            if strided:  # interleaved rows: gather them by index
+                local = x
+                for d, runs in enumerate(block_runs(x.shape, tuple(mesh.shape), ours, coord)):
+                    rows = [i for s, n in runs for i in range(s, s + n)]
+                    local = local.index_select(d, torch.tensor(rows, dtype=torch.long))
+            else:
+                idx = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
+                local = x[idx].clone()
             exact = exact_split(x) if exact is None else exact
             for axis, p in enumerate(ours):
                 if isinstance(p, Partial):
