@@ -93,7 +93,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     "Partial(max/min) operands: ours reduces each operand before the op, PyTorch "
     "one result (pieces through the op)": (
-        "clamp", "column_stack", "dstack", "max.reduction_no_dim", "min.reduction_no_dim",
+        "clamp", "column_stack", "dstack",
     ),
     "pooling of inputs sharded on a spatial dim, or of a leading dim that no "
     "mesh axis cuts evenly: gathered (dtensor/rules/batched.py)": (
@@ -101,10 +101,9 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "nn.functional.avg_pool3d", "nn.functional.adaptive_avg_pool3d",
         "nn.functional.adaptive_max_pool2d",
     ),
-    "pointwise and selection ops on mixed layouts or Partial indices: per-sample "
-    "cost not yet matched (the output takes the shard that moves the fewest "
-    "operand bytes; PyTorch's cost model sometimes finds a cheaper redistribute)": (
-        "where", "take", "take_along_dim",
+    "selection ops on mixed layouts or Partial indices: per-sample cost not yet "
+    "matched (PyTorch's cost model finds a cheaper redistribute)": (
+        "take", "take_along_dim",
     ),
 }
 _REASONS["not yet analysed per sample (Partial inputs of any; "
