@@ -127,6 +127,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_arith.py", "_optim.py",
     )),
     ("parallel", ("parallel/",)),
+    ("fsdp", ("fsdp/",)),
     ("package", ("__init__.py",)),
     ("testing", ("testing/",)),
 )
