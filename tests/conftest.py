@@ -16,6 +16,30 @@ import pytest
 _WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The quick tier (``pytest tests/ -m quick``): one test per file, the
+    one(s) a file names in ``QUICK = "test_name"`` (or a tuple of names), else
+    its first test not marked ``slow``. Every file is still imported, so every
+    module the suite imports is loaded; ``tests/test_quick_tier_coverage.py``
+    checks that the tier reaches every module of ``dtensor/`` and ``launch/``."""
+    chosen: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            continue
+        path = str(item.path)
+        want = getattr(getattr(item, "module", None), "QUICK", None)
+        name = getattr(item, "originalname", None) or item.name
+        if want is None:
+            chosen.setdefault(path, [item])
+        elif name in ((want,) if isinstance(want, str) else want):
+            if not any((getattr(i, "originalname", None) or i.name) == name
+                       for i in chosen.get(path, ())):
+                chosen.setdefault(path, []).append(item)
+    for picked in chosen.values():
+        for item in picked:
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture
 def fresh_process():
     """``fresh_process(script)`` runs ``python -c script PORT`` in a new

@@ -1,8 +1,8 @@
-"""Covers: the quick tier, ``pytest tests/ -m "not slow"``: every module of
+"""Covers: the quick tier, ``pytest tests/ -m quick``: every module of
 ``dtensor/`` and ``launch/`` is imported by code it runs.
 
-Statically, from what the quick tier runs: test files' code outside tests and
-classes marked ``slow``, the modules tests import from their own folders, the
+Statically, from what the quick tier runs: test files' module-level code,
+helpers and the one test each file gives the tier, the modules tests import from their own folders, the
 conftests, child suites and ``-m``/``-p`` module names that quick tests hand
 to subprocesses, and the plugins ``pyproject.toml`` registers; then all those
 modules import (``pytest_plugins`` included), their parent packages too. A
@@ -36,13 +36,31 @@ def _file_is_slow(tree: ast.Module) -> bool:
 
 
 def _quick_parts(tree: ast.Module) -> list[ast.AST]:
-    """The statements of a test file the quick tier runs: all but functions
-    and classes decorated ``slow`` (nothing when the module is marked)."""
+    """The statements of a test file the quick tier runs (``-m quick``, one
+    test per file: tests/conftest.py picks the test a file names in
+    ``QUICK = "..."`` (or a tuple of names), else its first test not marked ``slow``): module-level
+    code, helpers and fixtures, and that one test (nothing when the module is
+    marked ``slow``)."""
     if _file_is_slow(tree):
         return []
-    return [s for s in tree.body
-            if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                    and any(_marked_slow(d) for d in s.decorator_list))]
+    named = next((s.value for s in tree.body if isinstance(s, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "QUICK" for t in s.targets)),
+                 None)
+    quick = None if named is None else set(ast.literal_eval(named)) \
+        if isinstance(named, ast.Tuple) else {ast.literal_eval(named)}
+    parts: list[ast.AST] = []
+    chosen = False
+    for s in tree.body:
+        is_def = isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        is_test = is_def and s.name.startswith(("test", "Test"))
+        if not is_test:
+            parts.append(s)
+        elif any(_marked_slow(d) for d in s.decorator_list):
+            continue
+        elif (quick is None and not chosen) or (quick is not None and s.name in quick):
+            parts.append(s)
+            chosen = True
+    return parts
 
 
 def _named_in_strings(parts: list[ast.AST], files: dict) -> set[str]:
@@ -130,12 +148,12 @@ def _registered_plugins() -> set[str]:
     return names
 
 
-def test_the_walk_skips_slow_tests_and_follows_children_and_local_modules(
+def test_the_walk_takes_one_test_per_file_and_follows_children_and_local_modules(
     tmp_path: Path,
 ) -> None:
     pkg = tmp_path / "dtensor"
     pkg.mkdir()
-    for name in ("__init__", "a", "b", "c", "d", "e", "f", "__main__"):
+    for name in ("__init__", "a", "b", "c", "d", "e", "f", "g", "h", "i", "__main__"):
         (pkg / f"{name}.py").write_text("")
     (pkg / "a.py").write_text("pytest_plugins = ['dtensor.b']\n")
     tests = tmp_path / "tests"
@@ -145,11 +163,16 @@ def test_the_walk_skips_slow_tests_and_follows_children_and_local_modules(
         "import pytest, local\nfrom dtensor import a\n"
         "@pytest.mark.slow\ndef test_s():\n    import dtensor.c\n"
         "def test_q():\n    run('-m', 'dtensor')\n"
+        "def test_second():\n    import dtensor.g\n"
         "CHILD = '''\nimport dtensor.f\nprint(1)\n'''\n")
+    (tests / "test_named.py").write_text(
+        "QUICK = 'test_b'\ndef test_a():\n    import dtensor.h\n"
+        "def test_b():\n    import dtensor.i\n")
     (tests / "test_slow.py").write_text(
         "import pytest\nimport dtensor.d\npytestmark = pytest.mark.slow\n")
     reached, files = reached_from(tests, tmp_path)
-    assert set(files) - reached == {"dtensor.c", "dtensor.d"}
+    # slow tests, a file's later tests and those its QUICK does not name
+    assert set(files) - reached == {"dtensor.c", "dtensor.d", "dtensor.g", "dtensor.h"}
 
 
 def test_every_module_of_dtensor_and_launch_is_reached_by_the_quick_tier() -> None:
@@ -158,4 +181,4 @@ def test_every_module_of_dtensor_and_launch_is_reached_by_the_quick_tier() -> No
     missing = sorted(set(files) - reached)
     assert not missing, (
         "modules that only slow tests (or none) import; give each a test the "
-        f"quick tier (pytest tests/ -m 'not slow') runs: {missing}")
+        f"quick tier (pytest tests/ -m quick) runs: {missing}")

@@ -15,6 +15,10 @@ import torch  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
+# The quick tier runs the two tests that load each moved module by its old name.
+QUICK = ("test_p_hypothesis_lockstep_loads_the_profiles",
+         "test_given_lockstep_in_pytest_plugins_loads_the_lockstep_plugin")
+
 SUITE = """
 from hypothesis import given, settings, strategies as st
 
