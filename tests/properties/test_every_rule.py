@@ -51,6 +51,11 @@ def _outputs(func, out, tensors):
     return [out]
 
 
+def _partial_operand(dts) -> bool:
+    return any(type(p).__name__ == "Partial" for d in dts
+               for p in getattr(d, "placements", ()))
+
+
 def _compare(func, call, plain, dts, what):
     try:
         expected = call.run(plain)
@@ -61,6 +66,13 @@ def _compare(func, call, plain, dts, what):
         assert out == expected, f"{what}: got {out!r}, single device {expected!r}"
         return
     exp = _outputs(func, expected, plain)
+    if _partial_operand(dts) and any(e.is_floating_point() and not bool(e.isfinite().all())
+                                     for e in exp if isinstance(e, torch.Tensor)):
+        # A non-finite result from Partial(sum) pieces is the runtime limit
+        # test_ops.py::test_partial_times_inf_is_inf pins (strict xfail):
+        # pieces of a finite value times (or over) inf or 0 give nan where the
+        # sum gives inf. This sweep checks rules, so it leaves those draws out.
+        assume(False)
     got = _outputs(func, out, dts)
     assert len(got) == len(exp), f"{what}: {len(got)} outputs, single device {len(exp)}"
     for i, (g, e) in enumerate(zip(got, exp, strict=True)):
