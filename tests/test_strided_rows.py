@@ -41,6 +41,12 @@ def _expected_rows(size: int, n: int, sf: int, c: int) -> list[int]:
     return [i for j in range(sf) for i in _chunk(_chunk(idx, sf, j), n, c)]
 
 
+def _grid(ranks, names) -> DeviceMesh:
+    """A mesh for layout math only: no process group (ranks may exceed the
+    world a torchrun run gives these tests)."""
+    return DeviceMesh("cpu", ranks, mesh_dim_names=names, _init_backend=False)
+
+
 def _flat(runs) -> list[int]:
     return [i for s, n in runs for i in range(s, s + n)]
 
@@ -113,7 +119,7 @@ def test_local_block_refuses_an_offset_for_interleaved_rows() -> None:
 
 
 def test_spec_prints_and_hashes_with_strided_shard() -> None:
-    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    mesh = _grid([[0, 1], [2, 3]], ("dp", "tp"))
     meta = TensorMeta((8, 4), contiguous_stride((8, 4)), torch.float32)
     spec = DTensorSpec(mesh, (StridedShard(0, 2), Shard(0)), meta)
     assert str(spec) == "f32[8,4](S(0,sf=2), S(0))"
@@ -129,7 +135,7 @@ def _rtl(rows: int, n_dp: int, n_tp: int, i: int, j: int) -> list[int]:
 @pytest.mark.parametrize("n_dp,n_tp", [(2, 2), (2, 1), (1, 2), (4, 2), (2, 4), (3, 2)])
 def test_fsdp_tp_placements_give_dp_piece_of_each_tp_block(n_dp, n_tp) -> None:
     ranks = torch.arange(n_dp * n_tp).reshape(n_dp, n_tp).tolist()
-    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
+    mesh = _grid(ranks, ("dp", "tp"))
     for rows in range(0, 3 * n_dp * n_tp + 1):
         try:
             ps = fsdp_tp_placements(mesh, Shard(0), (rows, 3))
@@ -148,12 +154,12 @@ def test_fsdp_tp_placements_give_dp_piece_of_each_tp_block(n_dp, n_tp) -> None:
 
 
 def test_fsdp_tp_placements_on_tp_dp_order_and_bad_axes() -> None:
-    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("tp", "dp"))
+    mesh = _grid([[0, 1], [2, 3]], ("tp", "dp"))
     # tp first: left-to-right nesting already cuts the TP block first.
     assert fsdp_tp_placements(mesh, Shard(0), (7, 2)) == (Shard(0), Shard(0))
     with pytest.raises(PlacementError, match="two different mesh axes"):
         fsdp_tp_placements(mesh, Shard(0), (7, 2), dp_axis="tp")
-    mesh = DeviceMesh("cpu", [[0, 1], [2, 3], [4, 5]], mesh_dim_names=("dp", "tp"))
+    mesh = _grid([[0, 1], [2, 3], [4, 5]], ("dp", "tp"))
     # tp blocks [0-3] [4-6], dp pieces [0,1] [2,3] [] | [4] [5] [6]: rank (2, 0)
     # holds nothing, but the strided rows [6] of dp 2 put row 6 on tp 0.
     with pytest.raises(PlacementError, match=r"rank \(dp=2, tp=0\).*multiple of 6"):
@@ -163,7 +169,7 @@ def test_fsdp_tp_placements_on_tp_dp_order_and_bad_axes() -> None:
 def test_draw_runs_puts_boxes_of_a_global_function_in_local_order() -> None:
     from dtensor.strided import draw_runs
 
-    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    mesh = _grid([[0, 1], [2, 3]], ("dp", "tp"))
     shape = (7, 5)
     meta = TensorMeta(shape, contiguous_stride(shape), torch.float32)
     spec = DTensorSpec(mesh, (StridedShard(0, 2), StridedShard(1, 3)), meta)
