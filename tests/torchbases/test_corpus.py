@@ -194,8 +194,14 @@ def test_two_nodes_give_the_bases_own_verdicts(tmp_path: Path) -> None:
                                           stderr=subprocess.STDOUT))
         time.sleep(1.0 if k == 0 else 0.0)
     try:
-        for p in procs:
-            p.wait(timeout=600)
+        procs[0].wait(timeout=600)
+        # Node 0 hosts the rendezvous store and writes the junit file. When a
+        # test failed, its agent exits without torchrun's exit barrier, and
+        # node 1's agent then waits out that barrier (300 s) on a store that
+        # is gone: its verdicts are in node 0's file, so do not wait for it.
+        procs[1].wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
     finally:
         for p in procs:
             if p.poll() is None:
