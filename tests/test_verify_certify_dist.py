@@ -15,8 +15,6 @@ from dtensor import Replicate, Sharding, register_rule
 from dtensor.testing import RuleCounterexample
 from dtensor.testing.certify import all_placements, base_shapes, certify_rule
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
 lib = torch.ops.dtensor_certify
 
 
@@ -58,7 +56,7 @@ def test_enumeration_counts() -> None:
     assert len(all_placements(2, 2, ("sum", "max"), mixed_reduce_ops=False)) == 25 - 2
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_right_rule_gets_a_clean_certificate(world) -> None:
     cert = certify_rule(TRIPLE, max_size=3)
     # 20 shapes; on (2,): 1 + ndim + 4 placements per tensor (6 for 1-D, 7 for 2-D)
@@ -67,7 +65,7 @@ def test_right_rule_gets_a_clean_certificate(world) -> None:
     assert "0 wrong" in str(cert)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_wrong_rule_gets_its_first_wrong_case(world) -> None:
     with pytest.raises(AssertionError, match="every_other"):
         certify_rule(EVERY_OTHER, max_size=3)
@@ -77,7 +75,7 @@ def test_wrong_rule_gets_its_first_wrong_case(world) -> None:
     assert not cert.ok
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_torch_runtime_certificate(world) -> None:
     cert = certify_rule(torch.relu, max_size=2, impl="torch", reduce_ops=("sum",))
     assert cert.ok, str(cert)
@@ -125,7 +123,7 @@ FAMILIES = {
 }
 
 
-@W4
+@pytest.mark.world_size(4)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_builtin_family_certificate(world, family, record_property) -> None:
     for name, op, make_args, bounds in FAMILIES[family]:

@@ -19,8 +19,6 @@ from dtensor.dispatch import check_builtin_rules
 from dtensor.dispatch.guard import RuleOutputError
 from dtensor.experimental import register_sharding
 
-W2 = pytest.mark.world_size(2)
-
 
 @torch.library.custom_op("dtensor_guard::colsum", mutates_args=())
 def colsum(x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +70,7 @@ def _right_rule(call):
     return Sharding(inputs=(None,), outputs=(spec.placements,))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_column_sum_claimed_as_row_blocks_fails_on_every_rank(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(48.0).reshape(8, 6), mesh, [Shard(0)])
@@ -84,7 +82,7 @@ def test_column_sum_claimed_as_row_blocks_fails_on_every_rank(world) -> None:
         assert part in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_dim_merge_on_uneven_blocks_fails_on_every_rank_not_in_gloo(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(24.0).reshape(3, 2, 4), mesh, [Shard(0)])
@@ -95,7 +93,7 @@ def test_dim_merge_on_uneven_blocks_fails_on_every_rank_not_in_gloo(world) -> No
     assert torch.equal(merge01(y).full_tensor(), torch.arange(32.0).reshape(8, 4))
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_right_user_rule_passes_and_later_calls_stay_fast(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(15.0).reshape(5, 3), mesh, [Shard(0)])
@@ -105,7 +103,7 @@ def test_right_user_rule_passes_and_later_calls_stay_fast(world) -> None:
         assert torch.equal(y.full_tensor(), torch.arange(15.0).reshape(5, 3) * 2)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_builtin_rules_checked_in_debug_mode(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     check_builtin_rules(True)
@@ -136,7 +134,7 @@ def _soft_strategies(x, dim):
     return out + [([Shard(k)], [Shard(k), None]) for k in range(x.ndim) if k != d]
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_strategy_function_gets_the_default_dim(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     full = torch.arange(15.0).reshape(5, 3) / 7
@@ -165,7 +163,7 @@ def _one_output_for_two(call):
     return Sharding(inputs=(None,), outputs=(spec.placements,))  # wrong: two outputs
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_wrong_output_count_names_the_rule(world) -> None:
     mesh = DeviceMesh("cpu", [0, 1])
     x = distribute_tensor(torch.arange(6.0), mesh, [Shard(0)])

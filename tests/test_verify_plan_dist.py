@@ -22,9 +22,6 @@ from dtensor.parallel import (
 from dtensor.testing import tensors
 from dtensor.testing.verify_plan import verify_plan
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
-
 
 class MLP(nn.Module):
     def __init__(self, d: int = 6, h: int = 8, act: nn.Module | None = None,
@@ -57,13 +54,13 @@ def _caught(*args, **kwargs) -> str:
     return msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_megatron_mlp_plan_passes(world) -> None:
     verify_plan(MLP, {"w1": ColwiseParallel(), "w2": RowwiseParallel()},
                 inputs=_inputs())
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_plan_passes_on_torch(world) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel as TCol
     from torch.distributed.tensor.parallel import RowwiseParallel as TRow
@@ -72,7 +69,7 @@ def test_plan_passes_on_torch(world) -> None:
                 max_examples=5)
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_norm_on_local_shards_without_input_redistribute_is_caught(world) -> None:
     def make():
         return MLP(act=Softmax())
@@ -89,7 +86,7 @@ def test_norm_on_local_shards_without_input_redistribute_is_caught(world) -> Non
     }, inputs=_inputs())
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_swapped_colwise_rowwise_is_caught(world) -> None:
     msg = _caught(MLP, {"w1": RowwiseParallel(), "w2": ColwiseParallel()},
                   inputs=_inputs())
@@ -133,19 +130,19 @@ def _hand_plan(bias, early: bool = False) -> dict:
     return {"w1": ColwiseParallel(), "w2": HandRowwise(bias, early)}
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_hand_written_rowwise_plan_passes(world) -> None:
     verify_plan(MLP, _hand_plan(Replicate()), inputs=_inputs())
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_bias_sharded_as_colwise_in_a_rowwise_layer_is_caught(world) -> None:
     msg = _caught(MLP, _hand_plan(Shard(0)), inputs=_inputs())
     # the module that raised, with its parameters' layouts: the bias is S(0)
     assert "in module 'w2' (Linear; weight S(1), bias S(0))" in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_bias_added_on_every_rank_before_the_reduction_is_caught(world) -> None:
     msg = _caught(MLP, _hand_plan(Replicate(), early=True), inputs=_inputs())
     assert "forward output of module 'w2' (Linear; weight S(1), bias R)" in msg, msg

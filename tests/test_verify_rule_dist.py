@@ -25,8 +25,6 @@ from dtensor.testing import (
     verify_rule,
 )
 
-W2 = pytest.mark.world_size(2)
-W4 = pytest.mark.world_size(4)
 lib = torch.ops.dtensor_verify
 
 
@@ -179,7 +177,7 @@ def _caught(op, samples=None, max_examples=80, **kw) -> str:
 
 
 # Right rules pass ------------------------------------------------------------------
-@W4
+@pytest.mark.world_size(4)
 def test_right_rules_pass_on_dtensor(world) -> None:
     verify_rule(DOUBLE, max_examples=40)
     verify_rule(SOFT, st.builds(lambda x, d: Sample((x,), {"dim": d}),
@@ -188,7 +186,7 @@ def test_right_rules_pass_on_dtensor(world) -> None:
                                 st.sampled_from([0, 1, -1])), max_examples=40)
 
 
-@W4
+@pytest.mark.world_size(4)
 def test_right_rules_pass_on_torch(world) -> None:
     verify_rule(T_DOUBLE, impl="torch", max_examples=30,
                 reduce_ops=("sum",))
@@ -200,7 +198,7 @@ def test_right_rules_pass_on_torch(world) -> None:
 
 
 # Wrong rules are caught ---------------------------------------------------------------
-@W2
+@pytest.mark.world_size(2)
 def test_wrong_output_placement_is_caught(world) -> None:
     msg = _caught(FLIP)
     assert "dtensor_verify.flip0.default" in msg and "placed (S(0))" in msg, msg
@@ -208,19 +206,19 @@ def test_wrong_output_placement_is_caught(world) -> None:
     assert "Replay:" in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_partial_kept_through_nonlinear_op_is_caught(world) -> None:
     msg = _caught(RELU)
     assert "P(" in msg.split("the rule claimed:")[1].split("\n")[0], msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_shard_dim_off_by_one_after_a_view_is_caught(world) -> None:
     msg = _caught(LIFT)
     assert "dtensor_verify.lift.default" in msg and "(S(" in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_rule_ignoring_a_kwarg_is_caught(world) -> None:
     samples = st.builds(lambda x, d: Sample((x,), {"dim": d}),
                         tensors(shape=tensor_shapes(min_dims=2, max_dims=2),
@@ -230,7 +228,7 @@ def test_rule_ignoring_a_kwarg_is_caught(world) -> None:
     assert "dim=0" in msg and "placed (S(0)" in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_rule_right_only_for_even_shards_is_caught(world) -> None:
     msg = _caught(EVERY_OTHER)
     assert "dtensor_verify.every_other.default" in msg, msg
@@ -239,7 +237,7 @@ def test_rule_right_only_for_even_shards_is_caught(world) -> None:
     assert "inputs: float32[2] [0.0, 1.0] placed (S(0))" in msg, msg
 
 
-@W2
+@pytest.mark.world_size(2)
 def test_wrong_rules_caught_on_torch(world) -> None:
     msg = _caught(T_RELU, impl="torch", reduce_ops=("sum",))
     assert "placed (P(sum))" in msg or ", P(sum))" in msg, msg
