@@ -182,3 +182,23 @@ def test_every_module_of_dtensor_and_launch_is_reached_by_the_quick_tier() -> No
     assert not missing, (
         "modules that only slow tests (or none) import; give each a test the "
         f"quick tier (pytest tests/ -m quick) runs: {missing}")
+
+
+def test_collection_marks_the_named_tests_or_the_first_one_quick() -> None:
+    """The conftest's choice at collection agrees with the walk above: the
+    tests a file names in ``QUICK``, else its first test not marked slow."""
+    import subprocess
+    import sys
+
+    files = ["tests/launch/test_old_spellings.py", "tests/test_rules.py"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *files, "-m", "quick", "--collect-only", "-q",
+         "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    chosen = [line.split("::", 1)[1] for line in out.stdout.splitlines() if "::" in line]
+    first = next(s.name for s in ast.parse((ROOT / files[1]).read_text()).body
+                 if isinstance(s, ast.FunctionDef) and s.name.startswith("test")
+                 and not any(_marked_slow(d) for d in s.decorator_list))
+    assert sorted(chosen) == sorted([
+        "test_p_hypothesis_lockstep_loads_the_profiles",
+        "test_given_lockstep_in_pytest_plugins_loads_the_lockstep_plugin", first,
+    ]), out.stdout + out.stderr
