@@ -34,8 +34,11 @@ def init_process_group(config: pytest.Config) -> str:
     backend = config.getoption("dist_backend")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
-    if backend == "nccl":
+        # NOTE: a GPU host still runs CPU-tensor tests (most property suites):
+        # NCCL alone rejects CPU tensors, so CPU collectives go to Gloo.
+        gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+        backend = "cpu:gloo,cuda:nccl" if gpus else "gloo"
+    if "nccl" in backend:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if dist.is_initialized():
         return backend

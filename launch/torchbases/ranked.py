@@ -130,7 +130,14 @@ def _matches_world(backend: Any, world: str) -> bool:
     if backend is None:
         return True
     text = str(backend).lower()
-    return world.lower() in text or text in ("undefined", "")
+    if text in ("undefined", ""):
+        return True
+    return bool(_backend_names(text) & _backend_names(world.lower()))
+
+
+def _backend_names(text: str) -> set[str]:
+    """``"cpu:gloo,cuda:nccl"`` -> {"gloo", "nccl"}; ``"gloo"`` -> {"gloo"}."""
+    return {part.rpartition(":")[2].strip() for part in text.split(",")}
 
 
 @contextlib.contextmanager
