@@ -26,6 +26,7 @@ from dtensor.fsdp.errors import FSDPError
 from dtensor.fsdp.group import FSDPParam, ParamGroup, spec_of, unshard_for_forward
 from dtensor.fsdp.layout import fsdp_layout
 from dtensor.fsdp.policy import MixedPrecisionPolicy, OffloadPolicy, check_options
+from dtensor.fsdp.rng import DataParallelRandom
 from dtensor.mesh import resolve_mesh
 from dtensor.tensor import DTensor
 
@@ -45,6 +46,7 @@ class _State:
         self.mp = mp
         self.is_last_backward = True
         self.is_root = True  # until a fully_shard call above takes this module in
+        self.random: DataParallelRandom | None = None  # the root's, during its forward
 
 
 class FSDPModule:
@@ -162,6 +164,7 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
     module._fsdp_state = state
     module.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
     module.register_forward_hook(_post_forward)
+    module.register_forward_hook(_end_random, always_call=True)  # also when forward raises
     return module
 
 
@@ -203,6 +206,11 @@ def _in_backward() -> bool:
 
 def _pre_forward(module, args, kwargs):
     state: _State = module._fsdp_state
+    if state.is_root and state.random is None:
+        first = next((t for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        state.random = DataParallelRandom(state.mesh, None if first is None else first.shape[0])
+        state.random.__enter__()
     if state.group is not None:
         state.group.install(unshard_for_forward(state.group))
     mp = state.mp
@@ -224,6 +232,13 @@ def _post_forward(module, args, output):
     if state.mp.output_dtype is not None:
         output = _cast(output, state.mp.output_dtype)
     return output
+
+
+def _end_random(module, args, output):
+    state: _State = module._fsdp_state
+    if state.random is not None:
+        state.random.__exit__(None, None, None)
+        state.random = None
 
 
 def _hook_outputs(output, group: ParamGroup) -> None:

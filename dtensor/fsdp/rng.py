@@ -1,0 +1,136 @@
+"""Random ops on plain tensors inside an FSDP forward: the single-device draw.
+
+Under FSDP each data-parallel rank runs the model on its rows of the batch,
+as plain tensors. While the root ``FSDPModule``'s forward runs, dropout
+(``F.dropout``, ``nn.Dropout``), ``torch.rand_like`` and ``torch.randn_like``
+on a plain tensor draw from dtensor's generator as this rank's block of the
+draw for the whole batch: the global tensor is every data-parallel rank's
+tensor concatenated along dim 0, in rank order (HSDP: replica-major). So the
+masks are the ones ``dtensor.random.dropout`` gives the whole batch on one
+device, and training with dropout equals single-device training.
+
+The local batch is dim 0 of the root forward's first tensor argument; the
+first random op of a forward all-gathers it over the data-parallel ranks
+(one 8-byte collective per forward, none without random ops). A plain tensor
+whose dim 0 is ``k`` times the local batch is ``k`` rows per sample (batch
+major, e.g. ``(batch * seq, dim)``); DTensor operands keep their own rules.
+
+Example:
+    >>> fully_shard(model, mesh=mesh)          # model uses nn.Dropout(0.1)
+    >>> loss = model(x.chunk(n)[rank]).sum()   # masks: rows of the full batch's
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from dtensor import _comm
+from dtensor import random as drandom
+from dtensor._random_blocks import (
+    _threshold,
+    bernoulli_block,
+    normal_block,
+    uniform_block,
+)
+from dtensor.fsdp.errors import FSDPError
+from dtensor.tensor import DTensor
+
+__all__ = ["DataParallelRandom"]
+
+
+class DataParallelRandom(TorchFunctionMode):
+    """Active during the root FSDP module's forward (see the module docstring)."""
+
+    def __init__(self, mesh, local_batch: int | None) -> None:
+        super().__init__()
+        self.mesh = mesh
+        self.local_batch = local_batch
+        self.rows: tuple[int, int] | None = None  # (rows before this rank, total rows)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else kwargs.get("input")
+        if func not in _OPS or not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
+            return func(*args, **kwargs)
+        return _OPS[func](self, *args, **kwargs)
+
+    def block(self, t: torch.Tensor, op: str):
+        """(global shape, local offset) of ``t`` as its rank's rows of the batch;
+        None when the whole batch is empty (nothing is drawn anywhere). A rank
+        with no rows of a non-empty batch gets an empty block."""
+        if self.local_batch is None:
+            raise FSDPError(
+                f"{op} inside an FSDP forward: the root module's forward got no tensor "
+                "argument, so the data-parallel batch is unknown; pass the batch as "
+                "the first tensor argument of the root module"
+            )
+        if self.rows is None:
+            self.rows = _gather_rows(self.mesh, self.local_batch)
+        before, total = self.rows
+        b = self.local_batch
+        if t.dim() == 0 or (b == 0 and t.shape[0] != 0) or (b and t.shape[0] % b):
+            raise FSDPError(
+                f"{op} inside an FSDP forward: expected a tensor whose dim 0 is a "
+                f"multiple of the local batch {b} (batch-major rows), got shape "
+                f"{tuple(t.shape)}; move the batch to dim 0 or draw on a DTensor"
+            )
+        if total == 0:
+            return None
+        k = t.shape[0] // b if b else 1  # an empty rank's block is empty at any k
+        return (total * k, *t.shape[1:]), (before * k,) + (0,) * (t.dim() - 1)
+
+
+def _gather_rows(mesh, local_batch: int) -> tuple[int, int]:
+    """(rows of the data-parallel ranks before this one, rows of all of them)."""
+    sizes = torch.tensor([local_batch], dtype=torch.int64)
+    for axis in reversed(range(mesh.ndim)):  # shard axis first, then replicas
+        sizes = _comm.all_gather_cat(sizes.view(1, -1), mesh.get_group(axis)).view(-1)
+    # Now replica-major over the whole mesh: position = flattened coordinate.
+    coord = mesh.get_coordinate()
+    pos = 0
+    for axis, c in enumerate(coord):
+        pos = pos * mesh.size(axis) + c
+    return int(sizes[:pos].sum()), int(sizes.sum())
+
+
+def _dropout(mode: DataParallelRandom, input, p=0.5, training=True, inplace=False):
+    _threshold(float(p), "dropout")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input.mul_(0.0) if inplace else input * torch.zeros((), dtype=input.dtype)
+    where = mode.block(input, "dropout")
+    if where is None:
+        return input
+    gshape, offset = where
+    st, off = drandom.get_rng_state(), drandom.next_offset()  # every rank, even if empty
+    keep = 1.0 - p
+    noise = bernoulli_block(st.seed, off, gshape, offset, tuple(input.shape), p=keep,
+                            dtype=input.dtype, device=input.device)
+    noise.div_(keep)
+    return input.mul_(noise) if inplace else input * noise
+
+
+def _like(kind, name: str):
+    def draw(mode: DataParallelRandom, input, *, dtype=None, device=None, **kwargs):
+        dtype = dtype or input.dtype
+        device = device or input.device
+        where = mode.block(input, name)
+        if where is None:
+            return torch.empty_like(input, dtype=dtype, device=device)
+        gshape, offset = where
+        st, off = drandom.get_rng_state(), drandom.next_offset()
+        out = kind(st.seed, off, gshape, offset, tuple(input.shape), dtype=dtype,
+                   device=device)
+        return out.requires_grad_(bool(kwargs.get("requires_grad", False)))
+
+    return draw
+
+
+_OPS = {
+    F.dropout: _dropout,
+    torch.rand_like: _like(uniform_block, "torch.rand_like"),
+    torch.randn_like: _like(normal_block, "torch.randn_like"),
+}
