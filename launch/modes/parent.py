@@ -86,6 +86,7 @@ class Parent:
         self.next_of: dict[str, str | None] = {}
         self.size_of: dict[str, int] = {}
         self.order: list[pytest.Item] = []
+        self.session: pytest.Session | None = None  # collected: worlds fork from it
         self.index: dict[str, int] = {}
         c = config
         self.xdist = hasattr(c, "workerinput")  # the scheduler picks this process's tests
@@ -98,6 +99,7 @@ class Parent:
     # -- plan ---------------------------------------------------------------
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         last: dict[int, pytest.Item] = {}
+        self.session = session
         self.order = list(session.items)
         self.index = {item.nodeid: i for i, item in enumerate(self.order)}
         for item in session.items:
@@ -276,13 +278,29 @@ class Parent:
                f"--log-dir={self.log_dir / (prefix + '-std')}", "--redirects=3",
                "-m", "pytest",
                *self._pytest_args(n)]
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL,
-                                    cwd=str(self.config.invocation_params.dir))
+        proc = self._fork(n, prefix, env) if self.session is not None else None
+        if proc is not None:
+            log_path = proc.log
+        else:
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL,
+                                        cwd=str(self.config.invocation_params.dir))
         w = _World(n, prefix, dist.PrefixStore(prefix, self.store), proc, log_path, world_id)
         threading.Thread(target=self._monitor, args=(w,), daemon=True).start()
         return w
+
+    def _fork(self, n: int, prefix: str, env: dict[str, str]) -> Any:
+        """The world's ranks forked from this process (``launch.modes.forked``),
+        or None where that is refused (torchrun then starts them)."""
+        from launch.modes import forked
+
+        if forked.fork_refused(self.config) is not None:
+            return None
+        keys = (SERVER_ENV, PREFIX_ENV, LOG_ENV, WORLD_ID_ENV)
+        return forked.start(self.session, n, prefix, self.store.port,
+                            {k: env[k] for k in keys}, self.log_dir,
+                            self.log_dir / f"{prefix}-world.log")
 
     def _pytest_args(self, n: int) -> list[str]:
         c = self.config

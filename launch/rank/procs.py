@@ -67,3 +67,82 @@ def end_world(proc: subprocess.Popen, world_id: str, grace: float) -> list[int]:
         left = [p for p in left if _alive(Path(f"/proc/{p}"))]
         time.sleep(0.05)
     return killed
+
+
+class ForkedRanks:
+    """The rank processes of a world forked by the parent
+    (``launch.modes.forked``), behind the part of ``subprocess.Popen`` the
+    parent uses for torchrun: ``poll``, ``wait``, ``terminate``, ``kill``,
+    ``returncode``. As torchrun does, once one rank exits with a non-zero code
+    the others get SIGTERM (each dumps its stacks to its log), and SIGKILL
+    ``grace`` seconds later; the world's code is the first non-zero one, else
+    0. Each rank's exit is written to ``log``."""
+
+    def __init__(self, pids: list[int], log: Path, grace: float = 5.0) -> None:
+        import threading
+
+        self.pids = list(pids)
+        self.args = f"forked ranks {self.pids}"
+        self.codes: dict[int, int] = {}
+        self.returncode: int | None = None
+        self.log, self.grace = log, grace
+        self._failed_at: float | None = None
+        self._first_bad: int | None = None  # the first non-zero code, in exit order
+        self._lock = threading.Lock()
+        with open(log, "a") as f:
+            f.write(f"launch: forked {len(pids)} ranks: pids {self.pids}\n")
+
+    def _live(self) -> list[int]:
+        return [p for p in self.pids if p not in self.codes]
+
+    def _reap(self) -> None:
+        for r, pid in enumerate(self.pids):
+            if pid in self.codes:
+                continue
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                got, status = pid, 0
+            if got == 0:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            self.codes[pid] = code
+            with open(self.log, "a") as f:
+                f.write(f"launch: rank {r} (pid {pid}) exited with code {code}\n")
+            if code != 0 and self._failed_at is None:
+                self._failed_at = time.monotonic()
+                self._first_bad = code
+                self._signal(signal.SIGTERM)
+        if self._failed_at is not None and time.monotonic() > self._failed_at + self.grace:
+            self._signal(signal.SIGKILL)
+        if not self._live():
+            self.returncode = self._first_bad or 0
+
+    def _signal(self, sig: int) -> None:
+        for pid in self._live():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                self._reap()
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.02)
+        return self.returncode  # type: ignore[return-value]
+
+    def terminate(self) -> None:
+        with self._lock:
+            self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        with self._lock:
+            self._signal(signal.SIGKILL)

@@ -128,3 +128,14 @@ class TorchBaseMethod(TestCaseFunction):
         with pg_bound_to_world():
             super().runtest()
         return None
+
+
+def as_rank(items: Iterable[pytest.Item]) -> None:
+    """Turn items a parent collected into this process's items as a rank (a
+    world forked from the parent, ``launch.modes.forked``): the methods of
+    process bases then run on the ranked class."""
+    for item in items:
+        if isinstance(item, TorchBaseMethod) and item.run_as == "parent":
+            item.run_as = "rank"
+            item.__dict__.pop("_obj", None)
+            item.__dict__.pop("_instance", None)

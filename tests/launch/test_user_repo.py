@@ -131,8 +131,10 @@ def test_plain_pytest_recovers_runs_hypothesis_in_lockstep_and_retries_a_start(u
     (user_repo / "test_faults.py").write_text(FAULTS)
     (user_repo / "test_props.py").write_text(PROPS)
     (user_repo / "test_startup.py").write_text(STARTUP)
+    # torchrun starts these worlds: a forked rank never imports test_startup.py
     p = run_in(user_repo, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml=junit.xml",
-             "--dist-timeout=90", "-q", "test_startup.py", "test_faults.py", "test_props.py")
+             "--dist-timeout=90", "-q", "test_startup.py", "test_faults.py", "test_props.py",
+             env={"LAUNCH_START": "torchrun"})
     out = p.stdout
     assert not (user_repo / "conftest.py").exists()
     assert _junit(user_repo / "junit.xml") == {
