@@ -64,22 +64,37 @@ _PLACEMENT_MEMBERS = {
     name: _REAL
     for name in ("is_shard", "is_replicate", "is_partial", "kind", "__eq__", "__ne__", "__hash__")
 }
-for _cls, _fields in ((Shard, ("dim",)), (Replicate, ()), (Partial, ("reduce_op",))):
-    register_opaque_type(
-        _cls, typ="value", members=_PLACEMENT_MEMBERS | {f: _REAL for f in _fields}
-    )
-register_opaque_type(
-    DeviceMesh,
-    typ="value",
-    members={
-        name: _REAL
-        for name in (
-            "device_type", "mesh_dim_names", "ndim", "shape", "ranks", "size",
-            "get_rank", "get_coordinate", "get_local_rank", "is_member",
-            "__getitem__", "__eq__", "__ne__", "__hash__",
+def _register_opaque_values() -> bool:
+    """Placements and meshes as opaque values in compiled graphs; False on a
+    torch whose registry takes only ``OpaqueBase`` subclasses (2.11): there
+    ``import dtensor`` still works and compiled code meets them as constants
+    or graph breaks."""
+    try:
+        for cls, fields in ((Shard, ("dim",)), (Replicate, ()), (Partial, ("reduce_op",))):
+            register_opaque_type(
+                cls, typ="value", members=_PLACEMENT_MEMBERS | {f: _REAL for f in fields}
+            )
+        register_opaque_type(
+            DeviceMesh,
+            typ="value",
+            members={
+                name: _REAL
+                for name in (
+                    "device_type", "mesh_dim_names", "ndim", "shape", "ranks", "size",
+                    "get_rank", "get_coordinate", "get_local_rank", "is_member",
+                    "__getitem__", "__eq__", "__ne__", "__hash__",
+                )
+            },
         )
-    },
-)
+    except TypeError as e:
+        log.info("dtensor: placements are not opaque values on torch %s: %s",
+                 torch.__version__, e)
+        return False
+    return True
+
+
+#: Whether placements and meshes are opaque values in compiled graphs.
+OPAQUE_VALUES = _register_opaque_values()
 
 
 # In-graph calls ---------------------------------------------------------------

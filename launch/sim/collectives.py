@@ -125,8 +125,7 @@ def install(mtpg: Any) -> tuple:
 
     pg = mtpg.ProcessLocalGroup
     _group_cls[:] = [pg]
-    saved = (dist.Backend._plugins["THREADED"], pg.all_gather_single,
-             pg.reduce_scatter_single)
+    saved = (dist.Backend._plugins["THREADED"], *(getattr(pg, n) for n in _names(pg)))
     dist.Backend._plugins["THREADED"] = saved[0]._replace(creator_fn=_make_group,
                                                           extended_api=True)
 
@@ -143,13 +142,24 @@ def install(mtpg: Any) -> tuple:
         pg._end_coll(coll, self)
         return res
 
-    pg.all_gather_single = all_gather_single
-    pg.reduce_scatter_single = reduce_scatter_single
+    gather_name, scatter_name = _names(pg)
+    setattr(pg, gather_name, all_gather_single)
+    setattr(pg, scatter_name, reduce_scatter_single)
     return saved
+
+
+def _names(pg: Any) -> tuple[str, str]:
+    """The threaded group's tensor-form all-gather and reduce-scatter methods
+    (torch 2.11 names them ``_allgather_base`` / ``_reduce_scatter_base``)."""
+    if hasattr(pg, "all_gather_single"):
+        return "all_gather_single", "reduce_scatter_single"
+    return "_allgather_base", "_reduce_scatter_base"
 
 
 def uninstall(mtpg: Any, saved: tuple) -> None:
     import torch.distributed as dist
 
     pg = mtpg.ProcessLocalGroup
-    dist.Backend._plugins["THREADED"], pg.all_gather_single, pg.reduce_scatter_single = saved
+    dist.Backend._plugins["THREADED"] = saved[0]
+    for name, fn in zip(_names(pg), saved[1:], strict=True):
+        setattr(pg, name, fn)

@@ -149,7 +149,10 @@ class SimWorld:
                     self._outs[rank] = out
                     if len(self._outs) == self.n:
                         self._outs_cond.notify()
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except AttributeError:  # torch 2.11: its thread-local world has no ``comms``
+            pass
 
     def _next_task(self, rank: int) -> Any:
         """This rank's next task, with the turn (or, stuck in line, without)."""
