@@ -17,8 +17,8 @@ PyTorch's process bases into ranks' items. What the parent's earlier tests
 left in the process (module globals) is inherited, as a rank running all
 tests under torchrun would have it.
 
-``fork_refused`` says when this is not safe (no ``os.fork``, CUDA already
-initialised in the parent, ``LAUNCH_START=torchrun``); the parent then
+``fork_refused`` says when this is not safe (no ``os.fork``, a host with
+CUDA, ``LAUNCH_START=torchrun``); the parent then
 launches torchrun as before.
 """
 
@@ -43,8 +43,10 @@ def fork_refused(config: pytest.Config) -> str | None:
     if not hasattr(os, "fork") or sys.platform != "linux":
         return "no os.fork here"
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised in this process (a forked child cannot use it)"
+    # NOTE: not only an initialised CUDA: torch.cuda.device_count() and
+    # is_available() (the cuda marker's check) already poison fork for CUDA.
+    if torch is not None and torch.version.cuda is not None and torch.cuda.is_available():
+        return "a CUDA host (a forked child cannot use CUDA)"
     return None
 
 
