@@ -70,8 +70,7 @@ _NO_RULE = ("no rule yet: the replicate fallback gathers inputs that PyTorch's "
             "rule keeps sharded (or partial)")
 _REASONS: dict[str, tuple[str, ...]] = {
     _NO_RULE: (
-        "cross", "linalg.cross", "fft.", "grid_sampler_", "nn.functional.grid_sample",
-        "nn.functional.interpolate.", "nn.functional.upsample_", "nn.functional.max_unpool",
+        "cross", "linalg.cross", "nn.functional.max_unpool",
         "index_add", "index_copy", "index_fill", "index_put", "isin", "kron", "repeat",
         "masked.", "linalg.pinv", "native_batch_norm", "nn.functional.batch_norm",
         "fmax", "fmin",
@@ -108,10 +107,9 @@ _REASONS: dict[str, tuple[str, ...]] = {
 }
 _REASONS["not yet analysed per sample (Partial inputs of any; "
          "addmm/bmm/addcmul families, scatter family, batch-norm variants, "
-         "group norm with a sharded weight, antialiased upsampling)"] = (
-    "_batch_norm_with_update", "_native_batch_norm_legit",
-    "_upsample_bilinear2d_aa", "addcdiv", "addcmul", "addmm", "addr", "any", "baddbmm",
-    "bmm", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
+         "group norm with a sharded weight)"] = (
+    "_batch_norm_with_update", "_native_batch_norm_legit", "addcdiv", "addcmul", "addmm",
+    "addr", "any", "baddbmm", "bmm", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
 )
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
@@ -126,9 +124,16 @@ _CAST_WRAPS = ("integer casts of Partial(max/min) pieces: PyTorch casts each "
                "values to uint8/int8) is not monotone, so its max is wrong "
                "(pieces -1.0 and 0.0 as Partial(max): .byte() gives 255, the plain "
                "op 0); ours reduces the float pieces first")
+_FFT_OF_MAX = ("FFTs of Partial(max/min) pieces: PyTorch transforms each piece, "
+               "then takes the max; an FFT is not monotone, so that max is wrong "
+               "(tests/test_comm_audit_spatial_dist.py shows a case); ours reduces "
+               "the pieces first. The samples' pieces differ by a constant, which "
+               "moves only the zero-frequency term, so PyTorch happens to be right")
 ACCEPTED: dict[tuple[str, tuple[str, ...]], str] = {
     ("byte", ("P(max)", "P(min)")): _CAST_WRAPS,
     ("char", ("P(max)", "P(min)")): _CAST_WRAPS,
+    **{(f"fft.{kind}{n}", ("P(max)", "P(min)")): _FFT_OF_MAX
+       for kind in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft") for n in ("", "2", "n")},
 }
 
 

@@ -20,6 +20,7 @@ from dtensor.rules import (
     norms,
     pointwise,
     reduction,
+    spatial,
     tensor_ops,
     view,
 )
@@ -29,7 +30,7 @@ __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
 _FAMILIES = (pointwise, tensor_ops, reduction, extremes, matmul, view, join, nn, norms,
-             foreach, batched)
+             foreach, batched, spatial)
 for _family in _FAMILIES:
     RULES.update(_family.RULES)
 

@@ -310,6 +310,21 @@ TABLE: tuple[OpCase, ...] = (
     _row("avg_pool3d", "nn", lambda a: F.avg_pool3d(a, 2), ((3, 2, 2, 4, 4),)),
     _row("group_norm", "nn", lambda a: F.group_norm(a, 2), ((3, 4, 5),)),
     _row("fill", "creation", lambda a: torch.fill(a, 2.0), _A),
+    # dtensor/rules/spatial.py: transformed dims whole, the others independent
+    _row("fft", "reduction", lambda a: (torch.fft.rfft(a, dim=1), torch.fft.irfft(
+        a.to(torch.complex64), dim=0), torch.fft.fft(a.to(torch.complex64), dim=1)), _A),
+    _row("upsample_1d", "nn", lambda a: tuple(F.interpolate(a, size=7, mode=m) for m in (
+        "nearest", "nearest-exact", "linear")), ((3, 2, 5),)),
+    _row("upsample_2d", "nn", lambda a: tuple(F.interpolate(
+        a, size=(3, 7), mode=m, antialias=aa) for m, aa in (
+        ("nearest", False), ("nearest-exact", False), ("bilinear", False),
+        ("bicubic", False), ("bilinear", True), ("bicubic", True))), ((3, 2, 4, 5),)),
+    _row("upsample_3d", "nn", lambda a: tuple(F.interpolate(a, size=(3, 2, 5), mode=m) for m in (
+        "nearest", "nearest-exact", "trilinear")), ((3, 2, 2, 4, 4),)),
+    _row("grid_sample_2d", "nn", lambda a, g: F.grid_sample(a, g, align_corners=False),
+         ((3, 2, 4, 5), (3, 2, 3, 2))),
+    _row("grid_sample_3d", "nn", lambda a, g: F.grid_sample(a, g, align_corners=True),
+         ((3, 2, 2, 4, 4), (3, 2, 2, 3, 3))),
 )
 
 #: The property suite's rows (those with a shape strategy).
