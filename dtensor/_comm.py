@@ -4,12 +4,16 @@ Process groups come from ``dtensor._groups`` (created by their members only,
 named by world and ranks, forgotten when their world ends); ``group_for``,
 ``world_tag`` and ``on_world_end`` are re-exported here for the callers.
 
-Collectives take plain local tensors and a group, and know nothing of specs.
-Every call is counted when a ``CommCounter`` is active.
+Collectives take local tensors and a group, and know nothing of specs.
+Every call is counted when a ``CommCounter`` is active. With ``async_op=True``
+a collective returns its result still in flight (``dtensor._async``): views of
+it stay in flight, the first op that reads it waits. An in-flight input is
+waited for before it is sent.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 
@@ -19,6 +23,7 @@ import torch.distributed._functional_collectives as funcol
 
 # Re-exported: the runtime and its tests reach groups as ``_comm.*``.
 from . import _norm_wire
+from ._async import AsyncCollectiveTensor, Flight, settle
 from ._groups import _groups, group_for, group_name_for, on_world_end, world_tag  # noqa: F401
 from .errors import ShardingError
 from .placement import NORM_PREFIX, norm_order
@@ -28,11 +33,13 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "count",
+    "gather_chunks",
     "get_rank",
     "group_for",
     "is_initialized",
     "reduce_scatter",
     "scatter",
+    "unpack_chunks",
     "world_tag",
 ]
 
@@ -155,15 +162,22 @@ def _restore(buf: torch.Tensor, back: torch.dtype | None) -> torch.Tensor:
     return buf.view(back)
 
 
-def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False) -> torch.Tensor:
+def _issued(buf: torch.Tensor, work) -> torch.Tensor:
+    """``buf``, which ``work`` fills, in flight (or ``buf`` when nothing is pending)."""
+    return buf if work is None else AsyncCollectiveTensor(buf, Flight([work]))
+
+
+def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False,
+               async_op: bool = False) -> torch.Tensor:
     """Reduce ``t`` over ``group`` with ``op`` (a ``Partial`` reduce op); returns a new tensor."""
+    t = settle(t)
     if t.numel() == 0:
         return t.clone()
     if op.startswith(NORM_PREFIX):  # p-norm pieces: a sum of powers, or a max
         p = norm_order(op)
         buf, how = _norm_wire.to_wire(t, p)
         # A power or the bits' view is a new tensor nobody else holds: no copy.
-        reduced = all_reduce(buf, how, group, _fresh=buf is not t)
+        reduced = all_reduce(buf, how, group, _fresh=buf is not t, async_op=async_op)
         return _norm_wire.from_wire(reduced, p, t.dtype)
     count("all_reduce", t)
     buf, back = _wire(t, op)
@@ -179,12 +193,11 @@ def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False) -> torc
             )
         else:
             buf = funcol.all_reduce(buf, wire_op, group)
-    elif buf.is_complex():
-        view = torch.view_as_real(buf)
-        dist.all_reduce(view, op=_REDUCE[op], group=group)
     else:
-        dist.all_reduce(buf, op=_REDUCE[op], group=group)
-    if op == "avg":
+        wire = torch.view_as_real(buf) if buf.is_complex() else buf
+        buf = _issued(buf, dist.all_reduce(wire, op=_REDUCE[op], group=group,
+                                           async_op=async_op))
+    if op == "avg":  # waits for an in-flight sum (the division reads it)
         n = dist.get_world_size(group)
         buf = buf / n if buf.is_floating_point() or buf.is_complex() else buf // n
     return _restore(buf, back)
@@ -192,9 +205,70 @@ def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False) -> torc
 
 def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     """All ranks' ``t`` (same shape on every rank), in group-rank order."""
+    return list(_gather_stacked(settle(t), group, False).unbind(0))
+
+
+def all_gather_cat(t: torch.Tensor, group, *, async_op: bool = False) -> torch.Tensor:
+    """All ranks' ``t`` concatenated along dim 0 (same shape on every rank).
+
+    The result is the buffer the backend fills, viewed: no copy after the
+    collective (for dtypes sent through a wider carrier, one cast back).
+    """
+    t = settle(t)
+    n = dist.get_world_size(group)
+    if t.numel() == 0 or t.dtype in _CARRIERS or t.is_complex():
+        return _gather_stacked(t, group, async_op).flatten(0, 1)
+    count("all_gather", t, n)
+    t = t.contiguous()
+    if _tracing():
+        return _funcol_gather(t, 0, group)
+    out = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    return _issued(out, _all_gather_single(out, t, group=group, async_op=async_op))
+
+
+def gather_chunks(t: torch.Tensor, dim: int, length: int, group, *,
+                  async_op: bool = False) -> torch.Tensor:
+    """The tensor of ``length`` rows along ``dim`` that ``torch.chunk`` split
+    over ``group``, from this rank's piece ``t`` (the inverse of the cut of a
+    ``Shard(dim)``). Pieces hold ``ceil(length / n)`` rows, trailing ones
+    fewer or none; shorter ones are padded before the all-gather.
+
+    The gathered buffer is the result, viewed, when the dims before ``dim``
+    have one element (``dim`` 0, or a block like ``(1, k)``): the padded
+    pieces then lie end to end, the padding after the last real row. Else
+    each rank's real rows are joined by one ``cat``. Example (2 ranks)::
+
+        >>> gather_chunks(torch.arange(2.).view(1, 2) + 2 * rank, 1, 3, group)
+        tensor([[0., 1., 2.]])      # rank 1's piece was [[2.]], padded
+    """
+    n = dist.get_world_size(group)
+    piece = -(-length // n)
+    if t.shape[dim] != piece:  # uneven: pad to the largest piece
+        padded = t.new_zeros((*t.shape[:dim], piece, *t.shape[dim + 1:]))
+        padded.narrow(dim, 0, t.shape[dim]).copy_(settle(t))
+        t = padded
+    return unpack_chunks(all_gather_cat(t, group, async_op=async_op), n, dim, length)
+
+
+def unpack_chunks(stacked: torch.Tensor, n: int, dim: int, length: int) -> torch.Tensor:
+    """``gather_chunks``' result from the ``n`` padded pieces stacked on dim 0:
+    a view of ``stacked`` where the layout allows, else one ``cat``."""
+    block = [stacked.shape[0] // n, *stacked.shape[1:]]  # one rank's padded piece
+    piece = block[dim]
+    if math.prod(block[:dim]) == 1:
+        whole = (*block[:dim], n * piece, *block[dim + 1:])
+        out = stacked.view(whole)
+        return out if n * piece == length else out.narrow(dim, 0, length)
+    sizes = [max(0, min(piece, length - i * piece)) for i in range(n)]
+    blocks = stacked.view(n, *block).unbind(0)
+    return torch.cat([b.narrow(dim, 0, k) for b, k in zip(blocks, sizes, strict=True)], dim)
+
+
+def _gather_stacked(t: torch.Tensor, group, async_op: bool) -> torch.Tensor:
+    """All ranks' ``t`` stacked on a new leading dim: ``(n, *t.shape)``."""
     n = dist.get_world_size(group)
     if t.numel() == 0:  # same padded shape everywhere, so nobody sends
-        return [t] * n
+        return t.new_empty((n, *t.shape))
     count("all_gather", t, n)
     buf, back = _wire(t)
     shape = buf.shape
@@ -205,30 +279,17 @@ def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
         out = _funcol_gather(flat, 0, group)
     else:
         out = torch.empty(n * flat.numel(), dtype=flat.dtype, device=flat.device)
-        _all_gather_single(out, flat, group=group)
+        out = _issued(out, _all_gather_single(out, flat, group=group, async_op=async_op))
     out = out.view(n, *buf.shape)
     if t.is_complex():
         out = torch.view_as_complex(out)
     out = _restore(out, back)
     assert out.shape[1:] == shape
-    return list(out.unbind(0))
-
-
-def all_gather_cat(t: torch.Tensor, group) -> torch.Tensor:
-    """All ranks' ``t`` concatenated along dim 0 (same shape on every rank)."""
-    n = dist.get_world_size(group)
-    if t.numel() == 0 or t.dtype in _CARRIERS or t.is_complex():
-        return torch.cat(all_gather(t, group), dim=0)
-    count("all_gather", t, n)
-    t = t.contiguous()
-    if _tracing():
-        return _funcol_gather(t, 0, group)
-    out = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    _all_gather_single(out, t, group=group)
     return out
 
 
-def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
+def reduce_scatter(t: torch.Tensor, op: str, dim: int, group, *,
+                   async_op: bool = False) -> torch.Tensor:
     """Reduce ``t`` over ``group`` with ``op`` and keep this rank's chunk of ``dim``.
 
     The chunks are ``torch.chunk``'s (pieces of ``ceil(size / n)``, trailing
@@ -239,10 +300,12 @@ def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
         >>> reduce_scatter(torch.tensor([1., 2., 3.]), "sum", 0, group)
         tensor([2., 4.])    # rank 0; rank 1 gets tensor([6.])
     """
+    t = settle(t)
     if op.startswith(NORM_PREFIX):
         p = norm_order(op)
         buf, how = _norm_wire.to_wire(t, p)
-        return _norm_wire.from_wire(reduce_scatter(buf, how, dim, group), p, t.dtype)
+        out = reduce_scatter(buf, how, dim, group, async_op=async_op)
+        return _norm_wire.from_wire(out, p, t.dtype)
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
     size = t.shape[dim]
@@ -268,7 +331,8 @@ def reduce_scatter(t: torch.Tensor, op: str, dim: int, group) -> torch.Tensor:
         out = funcol.reduce_scatter_tensor(buf, wire_op, 0, group)
     else:
         out = buf.new_empty((piece, *buf.shape[1:]))
-        _reduce_scatter_single(out, buf, op=_REDUCE[op], group=group)
+        out = _issued(out, _reduce_scatter_single(out, buf, op=_REDUCE[op], group=group,
+                                                  async_op=async_op))
     if t.is_complex():
         out = torch.view_as_complex(out)
     if op == "avg":
@@ -289,6 +353,7 @@ def scatter(pieces: list[torch.Tensor] | None, like: torch.Tensor, src_group_ran
         tensor([1., 1.])    # on rank 1
     """
     n = dist.get_world_size(group)
+    pieces = None if pieces is None else [settle(p) for p in pieces]
     out = torch.empty_like(like, memory_format=torch.contiguous_format)
     if out.numel() == 0:
         return out
@@ -308,6 +373,7 @@ def scatter(pieces: list[torch.Tensor] | None, like: torch.Tensor, src_group_ran
 
 def broadcast(t: torch.Tensor, src_group_rank: int, group) -> torch.Tensor:
     """``t`` from group rank ``src_group_rank`` to all; returns the received tensor."""
+    t = settle(t)
     count("broadcast", t)
     buf, back = _wire(t)
     if not _tracing() and buf.data_ptr() == t.data_ptr():

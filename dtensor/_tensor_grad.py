@@ -64,10 +64,11 @@ class _Redistribute(torch.autograd.Function):
     """Change layout in forward; move the gradient back to the source layout in backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dst: DTensorSpec):
+    def forward(ctx, x: torch.Tensor, dst: DTensorSpec, async_op: bool = False):
         ctx.src = x._spec
         ctx.cls = type(x)
-        return ctx.cls(redistribute_local(x._local_tensor, x._spec, dst), dst)
+        local = redistribute_local(x._local_tensor, x._spec, dst, async_op=async_op)
+        return ctx.cls(local, dst)
 
     @staticmethod
     def backward(ctx, grad):
@@ -77,8 +78,8 @@ class _Redistribute(torch.autograd.Function):
             # see grad_placements below).
             gspec = grad._spec
             want = gspec.with_placements(grad_placements(ctx.src.placements, gspec.placements))
-            return cls(redistribute_local(grad._local_tensor, gspec, want), want), None
-        return _redistribute_grad(grad, ctx.src, cls), None
+            return cls(redistribute_local(grad._local_tensor, gspec, want), want), None, None
+        return _redistribute_grad(grad, ctx.src, cls), None, None
 
 
 class _FromLocal(torch.autograd.Function):

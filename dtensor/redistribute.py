@@ -255,10 +255,15 @@ def execute(
     steps: Sequence[Step],
     global_shape: Sequence[int],
     mesh,
+    *,
+    async_op: bool = False,
 ) -> torch.Tensor:
     """Run ``steps`` on this rank's ``local`` block; returns the new local block.
 
     Must be called by every member of ``mesh``; outsiders never call it.
+    ``async_op``: collectives are issued without waiting; a step waits for
+    the previous step's result when it reads it, and the last result may be
+    returned in flight (``dtensor._async.AsyncCollectiveTensor``).
     """
     coord = mesh.get_coordinate()
     runs, skip = reduce_runs(steps), 0
@@ -272,17 +277,20 @@ def execute(
             group = _axes_group(mesh, [s.axis for s in steps[i:skip]], coord)
         if step.kind == "reduce":
             if group is not None:
-                local = _comm.all_reduce(local, step.src.reduce_op, group)
+                local = _comm.all_reduce(local, step.src.reduce_op, group,
+                                         async_op=async_op)
         elif step.kind == "reduce_scatter":
             if group is not None:
                 _, length = _outer_range(step, global_shape, mesh.shape, coord, step.dst.dim)
                 assert local.shape[step.dst.dim] == length, (local.shape, length, step)
-                local = _comm.reduce_scatter(local, step.src.reduce_op, step.dst.dim, group)
+                local = _comm.reduce_scatter(local, step.src.reduce_op, step.dst.dim, group,
+                                             async_op=async_op)
             else:
                 local = _slice(local, step, global_shape, mesh.shape, coord)
         elif step.kind == "gather":
             if group is not None:
-                local = _gather(local, step, global_shape, mesh.shape, coord, group)
+                local = _gather(local, step, global_shape, mesh.shape, coord, group,
+                                async_op)
         elif step.kind == "slice":
             local = _slice(local, step, global_shape, mesh.shape, coord)
         elif step.kind == "to_partial":
@@ -327,10 +335,13 @@ def _to_partial(local: torch.Tensor, step: Step, coord) -> torch.Tensor:
     return torch.full_like(local, fill)
 
 
-def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) -> torch.Tensor:
+def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec, *,
+                       async_op: bool = False) -> torch.Tensor:
     """Move ``local`` (a block of ``src``) to its block of ``dst``.
 
     Outsiders of the mesh never communicate: they keep their (empty) block.
+    ``async_op``: the result may still be in flight (see ``execute``);
+    StridedShard moves complete before returning.
     """
     mesh = src.mesh
     if mesh.get_coordinate() is None:
@@ -341,7 +352,7 @@ def redistribute_local(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec) 
     steps = plan(src.placements, dst.placements, mesh.shape, src.shape)
     if not steps:
         return local
-    return execute(local, steps, src.shape, mesh)
+    return execute(local, steps, src.shape, mesh, async_op=async_op)
 
 
 def empty_local(spec: DTensorSpec, device) -> torch.Tensor:
@@ -359,25 +370,9 @@ def _outer_range(step, global_shape, mesh_shape, coord, dim) -> tuple[int, int]:
     return offset[dim], shape[dim]
 
 
-def _gather(local, step, global_shape, mesh_shape, coord, group) -> torch.Tensor:
-    dim = step.src.dim
-    n = mesh_shape[step.axis]
-    _, length = _outer_range(step, global_shape, mesh_shape, coord, dim)
-    piece = -(-length // n)
-    if dim == 0 and piece * n == length:
-        # Even split of dim 0: the gathered buffer already is the result.
-        return _comm.all_gather_cat(local, group)
-    if local.shape[dim] != piece:  # uneven: pad to the largest piece
-        pad_shape = list(local.shape)
-        pad_shape[dim] = piece - local.shape[dim]
-        local = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
-    # The padded pieces end to end. Pieces are cut as torch.chunk cuts them
-    # (full pieces, then at most one short one, then empty ones), so the
-    # padding lies after the last real row: the real rows are the first
-    # ``length`` (one view, the same on every rank, traceable by compile).
-    padded = _comm.all_gather_cat(local.movedim(dim, 0).contiguous(), group)
-    out = padded.narrow(0, 0, length)
-    return out.movedim(0, dim).contiguous() if dim else out
+def _gather(local, step, global_shape, mesh_shape, coord, group, async_op) -> torch.Tensor:
+    _, length = _outer_range(step, global_shape, mesh_shape, coord, step.src.dim)
+    return _comm.gather_chunks(local, step.src.dim, length, group, async_op=async_op)
 
 
 def _slice(local, step, global_shape, mesh_shape, coord) -> torch.Tensor:

@@ -261,8 +261,10 @@ class DTensor(torch.Tensor):
         ``forward_dtype`` casts the block before it moves (the result keeps
         that dtype); ``backward_dtype`` is the dtype of the gradient's
         collectives (default: this tensor's), the gradient arriving in this
-        tensor's dtype. ``async_op`` is accepted for PyTorch's signature;
-        collectives complete before this returns.
+        tensor's dtype. ``async_op=True`` returns before the last collective
+        completes: the result's block is an ``AsyncCollectiveTensor`` that
+        stays in flight through views and ``to_local()`` and waits on its
+        first use (or ``wait()``).
 
         Example:
             >>> x.redistribute(mesh, [Replicate()]).to_local()   # all-gather
@@ -284,8 +286,9 @@ class DTensor(torch.Tensor):
         if not (self.requires_grad and torch.is_grad_enabled()) and not _compile.tracing():
             # No graph to record: skip autograd.Function's bookkeeping, which
             # costs more than the planning and shows up next to a collective.
-            return DTensor(redistribute_local(self._local_tensor, self._spec, spec), spec)
-        return _Redistribute.apply(self, spec)
+            local = redistribute_local(self._local_tensor, self._spec, spec, async_op=async_op)
+            return DTensor(local, spec)
+        return _Redistribute.apply(self, spec, async_op and not _compile.tracing())
 
     def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> torch.Tensor:
         """The whole global tensor on every member rank (differentiable).
