@@ -115,7 +115,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "_persist.py", "_norm_wire.py",
     )),
     ("comm", (
-        "_comm.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py", "_mesh_build.py",
+        "_comm.py", "_async.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py",
+        "_mesh_build.py",
         "_compile.py", "_local_check.py",
     )),
     ("redistribute", ("redistribute.py", "strided.py")),
