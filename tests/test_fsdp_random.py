@@ -115,5 +115,7 @@ def test_a_draw_without_batch_major_rows_is_refused(world) -> None:
     model = fully_shard(Odd(), mesh=DeviceMesh("cpu", [0, 1]))
     with pytest.raises(FSDPError, match=r"multiple of the local batch 4.*move the batch"):
         model(torch.ones(4, 6))
-    with pytest.raises(FSDPError, match="multiple of the local batch"):  # mode left cleanly
+    # The failed forward left no mode behind: plain draws outside FSDP are torch's.
+    assert not torch.overrides._get_current_function_mode_stack()
+    with pytest.raises(FSDPError, match="multiple of the local batch"):
         model(torch.ones(4, 6))
