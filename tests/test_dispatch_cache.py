@@ -385,8 +385,8 @@ def test_host_probes_skip_random_ops_and_traces() -> None:
 
 
 def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:
-    # Past 4096 elements the probe runs on 2x..x2 host tensors; arguments that
-    # only fit the real shape (view sizes) send it to the meta probe instead.
+    # The probe's stand-ins (meta tensors) keep the blocks' own shapes, large
+    # or not: arguments that only fit those shapes (view sizes) are probed too.
     big = torch.ones(128, 64)
     forget()
     assert _binding(aten.mul.Tensor, (big, big), {}) is torch._C._VariableFunctions.mul
@@ -394,16 +394,17 @@ def test_bindings_for_large_tensors_agree_with_the_local_shape_probe() -> None:
     forget()
 
 
-def test_a_large_product_beside_a_small_bias_probes_on_host_tensors(monkeypatch) -> None:
-    # linear's addmm: a 512 bias beside 64x128 and 128x512 blocks. Shrinking
-    # only the large ones made shapes disagree and sent the probe to meta
-    # tensors (a Python decomposition, ~1 ms per op on a model's first step).
+def test_a_large_product_beside_a_small_bias_runs_no_kernel_in_the_probe(monkeypatch) -> None:
+    # linear's addmm: a 512 bias beside 64x128 and 128x512 blocks. The probe
+    # stops the call where it reaches the dispatcher; a run of addmm's meta
+    # kernel (a Python decomposition) would cost ~1 ms on a model's first step.
     from dtensor.dispatch import binding
 
-    def no_meta(loc):
-        raise AssertionError(f"meta probe for shapes {[getattr(x, 'shape', x) for x in loc]}")
+    class NoRun(binding._Record):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            raise AssertionError(f"the probe ran {func}")
 
-    monkeypatch.setattr(binding, "_meta_args", no_meta)
+    monkeypatch.setattr(binding, "_Record", NoRun)
     w = torch.ones(512, 128)
     forget()
     found = _binding(aten.addmm.default, (torch.ones(512), torch.ones(64, 128), w.t()), {})

@@ -11,12 +11,11 @@ one line per case: ``ok``, the error a shape check raised, or the signal.
 
 torch 2.13.0 CPU: equal shapes (empty ones included) are ``ok``; an empty
 ``(0, 4)`` grad with a ``(1, 4)`` or ``(4, 4)`` output along dim 0 dies with
-SIGFPE. The runtime meets it in ``dtensor.dispatch.binding.probe_binding``,
-which runs the op once on zero tensors of each operand's own local block
-shape before redistribution: for the schema sweep's call (grad ``Shard(0)``
-of 4 rows, output replicated) on a 16-rank world, ranks 4-15 hold a
-``(0, 4)`` grad block beside the ``(4, 4)`` output, and the probe kills the
-process (tests/properties/test_every_rule.py leaves the op out above 4 ranks).
+SIGFPE. Such blocks meet in the runtime before redistribution (grad
+``Shard(0)`` of 4 rows beside a replicated output: on 16 ranks, ranks 4-15
+hold a ``(0, 4)`` grad block), so nothing there runs a kernel on blocks as
+they are: ``dtensor.dispatch.binding.probe_binding`` runs none at all
+(``tests/test_binding_probe.py``).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class OpInfo:
         if op is None:
             if not may_probe():  # tracing: no probes now
                 return self.func._op
-            op = self.bindings[sig] = probe_binding(self.func, loc, kwargs, self.host_probe)
+            op = self.bindings[sig] = probe_binding(self.func, loc, kwargs)
         return op
 
 

@@ -27,15 +27,6 @@ from dtensor.testing.coverage import NO_SCHEMA_CALL
 from dtensor.testing.schema_calls import example_tensors, overloads, sample_calls, uncallable
 
 _TOL = {"rtol": 1e-4, "atol": 1e-4}
-#: Ops the sweep leaves out on worlds of more than 4 ranks (4 rows over 16
-#: ranks leave 12 blocks empty), with the reason.
-_ABOVE_4_RANKS = {
-    # PyTorch's CPU kernel checks no shapes: an empty grad beside a (4, 4)
-    # output kills the process with SIGFPE (tools/log_softmax_backward_sigfpe.py);
-    # dispatch's binding probe runs the op on the operands' blocks before
-    # redistribution, which at 16 ranks are (0, 4) and (4, 4).
-    "aten._log_softmax_backward_data.default": "SIGFPE in the binding probe",
-}
 
 
 def _calls():
@@ -97,15 +88,9 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
     from dtensor.rules import RULES
     from dtensor.testing import MeshLayout, coverage
 
-    # Above 4 ranks most blocks of the 4-row operands are empty: the ops that
-    # fail there for a reason outside the rule under test are left out
-    # (_ABOVE_4_RANKS says why); 2- and 4-rank worlds run every op.
-    skip = set(_ABOVE_4_RANKS) if world.size > 4 else set()
     mesh = impl.mesh(MeshLayout((world.size,), tuple(range(world.size))))
     errors = []
     for func, call in _calls():
-        if str(func) in skip:
-            continue
         plain = example_tensors(call)
         ps = [(Shard(0),) if i == 0 and t.ndim and t.dtype.is_floating_point
               else (Replicate(),) for i, t in enumerate(plain)]
@@ -121,8 +106,7 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
         return
     no_entry = [str(key) for key in RULES
                 if not any(str(f) in coverage.RECORD for f in overloads(key))
-                and not all(str(f) in NO_SCHEMA_CALL or str(f) in skip
-                            for f in overloads(key))]
+                and not all(str(f) in NO_SCHEMA_CALL for f in overloads(key))]
     assert not no_entry, (
         f"rank {world.rank}: registered rules with no coverage entry after their "
         f"schema calls ran: {no_entry} (dispatch never asked the rule)")
