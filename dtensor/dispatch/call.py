@@ -55,8 +55,12 @@ def implicit_replication():
 
 
 def implicit() -> bool:
-    """Whether plain tensors of any size count as replicated operands now."""
-    return getattr(_state, "implicit", False)
+    """Whether plain tensors of any size count as replicated operands now
+    (also where PyTorch allows it: vmap's embedding rule adds a plain offset)."""
+    return getattr(_state, "implicit", False) or _torch_implicit()
+
+
+_torch_implicit = torch._C._get_dtensor_allow_implicit_replication
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,7 @@ class Call:
         self.func, self.args, self.kwargs = func, args, kwargs
         self.specs = specs = []
         self.operands = operands = []
-        implicit = getattr(_state, "implicit", False)
+        implicit = getattr(_state, "implicit", False) or _torch_implicit()
         key_args = []
         for a in args:
             if isinstance(a, torch.Tensor):

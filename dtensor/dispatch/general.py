@@ -22,8 +22,9 @@ from dtensor.dispatch.form import fast_form
 from dtensor.dispatch.op import ALIAS, INPLACE_VIEW
 from dtensor.dispatch.propagate import Plan, propagate
 from dtensor.dispatch.wrap import wrap
-from dtensor.errors import UnsupportedOpError
+from dtensor.errors import MeshError, UnsupportedOpError
 from dtensor.placement import format_placements
+from dtensor.rules.foreach import per_mesh
 
 __all__ = ["general", "planned"]
 
@@ -41,8 +42,18 @@ def general(func, args: tuple, kwargs: dict, key):
             return _inplace_view(info, args, kwargs, key)
         return special(func, args, kwargs)  # a random op: never cached
     call = Call(func, args, kwargs)
-    plan = _new_plan(call, info, key)
+    try:
+        plan = _new_plan(call, info, key)
+    except MeshError:  # a foreach op's elements on several meshes: one call per mesh
+        out = per_mesh(func, args, kwargs, _mesh_of)
+        if out is None:
+            raise
+        return out if func._schema.returns else None
     return _same_spec(run(call, plan, info), args)
+
+
+def _mesh_of(x):
+    return x._spec.mesh if type(x) is _served.DTensor else None
 
 
 def _new_plan(call: Call, info, key) -> Plan:

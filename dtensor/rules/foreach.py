@@ -15,6 +15,11 @@ tensor must be replicated (it meets every element).
 
 ``_foreach_norm`` and ``_foreach_max`` reduce: see ``norms.py``
 (``_foreach_max`` has no rule and takes the replicate fallback).
+
+Elements may live on different meshes (a model whose parameters sit on a
+tensor-parallel mesh and a data-parallel one): ``per_mesh`` runs the call
+once per mesh, on that mesh's elements, and puts the results back in order.
+Each element's members and the shared tensors must still share its mesh.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dtensor.placement import (
 )
 from dtensor.sharding import Sharding
 
-__all__ = ["RULES", "foreach_rule"]
+__all__ = ["RULES", "foreach_rule", "per_mesh"]
 
 aten = torch.ops.aten
 
@@ -158,3 +163,64 @@ def _pointwise_foreach_packets():
 _FUSED = [aten._fused_adam_, aten._fused_adamw_, aten._fused_sgd_]
 
 RULES: dict = dict.fromkeys([*_pointwise_foreach_packets(), *_FUSED], foreach_rule)
+
+
+def per_mesh(func, args: tuple, kwargs: dict, mesh_of):
+    """``func(*args, **kwargs)`` for a foreach op whose elements live on
+    several meshes: one call per mesh on its elements, results in order
+    (an empty list for an op that returns nothing).
+
+    ``mesh_of(x)``: the mesh of a DTensor, None for anything else. None where
+    ``func`` is no foreach op, or an element's members (or a shared tensor
+    and an element) live on different meshes: the caller's error stands.
+
+    Example (``a`` on one mesh, ``b`` on another):
+        >>> na, nb = per_mesh(aten._foreach_norm.Scalar, ([a, b], 2), {}, mesh_of)
+    """
+    name = func.overloadpacket.__name__
+    if not name.startswith(("_foreach_", "_fused_")):
+        return None
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    per_elem = [n for n in names if n in bound and _elementwise(func, n, bound[n])]
+    if not per_elem:
+        return None
+    n = len(bound[per_elem[0]])
+    per_elem = [k for k in per_elem if len(bound[k]) == n]  # empty optional lists pass
+    groups: dict = {}
+    for i in range(n):
+        meshes = {mesh_of(bound[k][i]) for k in per_elem} - {None}
+        if len(meshes) > 1:
+            return None
+        groups.setdefault(next(iter(meshes), None), []).append(i)
+    # A DTensor met by every element (a clip coefficient) lives on one mesh:
+    # the elements of the others cannot meet it.
+    if len(groups) < 2 or any(mesh_of(v) is not None for k, v in bound.items()
+                              if k not in per_elem):
+        return None
+    out: list = [None] * n
+    returns = bool(func._schema.returns)
+    for idx in groups.values():
+        sub = dict(bound)
+        for k in per_elem:
+            seq = bound[k]
+            sub[k] = seq[idx] if isinstance(seq, torch.Tensor) else [seq[i] for i in idx]
+        pos = [sub.pop(k) for k in names[:len(args)]]
+        res = func(*pos, **sub)
+        if returns:
+            for i, r in zip(idx, res, strict=True):
+                out[i] = r
+    return out if returns else []
+
+
+def _elementwise(func, name: str, value) -> bool:
+    """Whether argument ``name`` holds one value per element: a list of
+    tensors or scalars, or the 1-D ``scalars`` tensor of ``_foreach_addcdiv``."""
+    if name == "scalars" and isinstance(value, torch.Tensor):
+        return value.dim() == 1
+    kinds = _layouts.get(func)
+    if kinds is None:
+        kinds = _layouts[func] = _layout(func)
+    return kinds.get(name) == "list" or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, (int, float, complex))
+                                                 for v in value))
