@@ -101,6 +101,13 @@ class AsyncCollectiveTensor(torch.Tensor):
     def __repr__(self) -> str:  # type: ignore[override]
         return f"AsyncCollectiveTensor({self.wait()!r})"
 
+    # Saved and copied as the plain result (the handle cannot be pickled).
+    def __reduce_ex__(self, protocol):
+        return self.wait().__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):
+        return self.wait().__deepcopy__(memo)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -11,6 +11,9 @@ is observed, not inferred.
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 
@@ -64,6 +67,23 @@ def test_writes_wait_before_writing() -> None:
     t, work, buf = _in_flight()
     t[0].fill_(-1.0)  # a write into the buffer the collective fills
     assert work.waits == 1 and torch.equal(buf[0], torch.full((4,), -1.0))
+
+
+def test_saving_and_copying_wait_and_keep_the_plain_result() -> None:
+    t, work, buf = _in_flight()
+    saved = io.BytesIO()
+    torch.save(t[1], saved)
+    assert work.waits == 1
+    saved.seek(0)
+    loaded = torch.load(saved)
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, buf[1])
+    copied = copy.deepcopy(t)
+    assert type(copied) is torch.Tensor and torch.equal(copied, buf)
+    assert not _shares(copied, buf)
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 # Real worlds (Gloo processes, threads under --dist-sim) ----------------------
