@@ -13,12 +13,22 @@ implementation (rank 0 prints):
 - the median step time after it;
 - bytes per step by collective kind (``bench/_comm_bytes.py``: one dispatch
   mode counts both runtimes' collectives the same way);
+- peak memory of a step per rank: the most bytes of tensors allocated at
+  once during the step above what was allocated when it began (CPU
+  allocator events of ``torch.profiler``), the least of three profiled
+  steps, the largest over ranks. Sharded parameters, gradients and
+  optimizer states are the same in both and live before the step; the peak
+  is what each runtime adds: unsharded parameters, communication buffers,
+  unsharded gradients, activations. The least of three: Gloo's work
+  objects hold a collective's input and output until its worker thread
+  drops them, which on a loaded machine can come much later, so one
+  step's peak depends on thread scheduling;
 - the losses, which must agree (rel 1e-5).
 
 Run (2 and 4 ranks; ratios are ours/torch from one run):
 
     torchrun --nproc_per_node=2 bench/fsdp.py
-    torchrun --nproc_per_node=4 bench/fsdp.py --steps 10
+    torchrun --nproc_per_node=4 bench/fsdp.py --steps 12
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
@@ -62,6 +73,9 @@ def _step(model, opt, tokens):
     return float(loss.detach())
 
 
+_PROFILED = (2, 3, 4)  # steps under the memory profiler
+
+
 def _timed(model, opt, tokens):
     dist.barrier()
     t0 = time.perf_counter()
@@ -70,9 +84,35 @@ def _timed(model, opt, tokens):
     return time.perf_counter() - t0, loss
 
 
+def _peak_bytes(prof) -> int:
+    """The most bytes allocated at once above the start, from allocator events."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _counted(model, opt, tokens):
+    """One step under the byte counter (not timed)."""
+    dist.barrier()
+    with CommBytes() as cb:
+        loss = _step(model, opt, tokens)
+    return {kind: v["buffer"] for kind, v in cb.by_kind().items()}, loss
+
+
+def _profiled(model, opt, tokens):
+    """One step under the memory profiler (not timed): its peak on this rank."""
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = _step(model, opt, tokens)
+    return _peak_bytes(prof), loss
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     a = ap.parse_args()
@@ -96,27 +136,34 @@ def main() -> None:
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True) for k, m in models.items()}
     times = {k: [] for k in models}
     losses = {k: [] for k in models}
-    nbytes = {}
+    nbytes, peaks = {}, {}
     for i, tokens in enumerate(data[1:]):
         order = list(models) if i % 2 == 0 else list(models)[::-1]
         for k in order:
-            if i == 1:
-                with CommBytes() as cb:
-                    t, loss = _timed(models[k], opts[k], tokens)
-                nbytes[k] = {kind: v["buffer"] for kind, v in cb.by_kind().items()}
+            if i == 1:  # caches and optimizer states exist from the second step on
+                nbytes[k], loss = _counted(models[k], opts[k], tokens)
+            elif i in _PROFILED:
+                peak, loss = _profiled(models[k], opts[k], tokens)
+                peaks[k] = min(peaks.get(k, peak), peak)
             else:
                 t, loss = _timed(models[k], opts[k], tokens)
-            times[k].append(t)
+                times[k].append(t)
             losses[k].append(loss)
+    for k in models:
+        worst = torch.tensor([peaks[k]], dtype=torch.int64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        peaks[k] = int(worst)
     if rank == 0:
-        print(f"world {n}, Llama dim {a.dim} x {a.layers} layers, {a.steps + 1} steps each")
+        print(f"world {n}, Llama dim {a.dim} x {a.layers} layers, {a.steps + 1} steps each "
+              f"({len(times['torch'])} timed)")
         for k in models:
             med = statistics.median(times[k][1:])
             print(f"{k:8s} first {times[k][0] * 1e3:8.1f} ms  median {med * 1e3:8.1f} ms  "
-                  f"bytes/step {nbytes[k]}")
+                  f"peak {peaks[k] / 2**20:6.2f} MiB  bytes/step {nbytes[k]}")
         first = times["dtensor"][0] / times["torch"][0]
         med = statistics.median(times["dtensor"][1:]) / statistics.median(times["torch"][1:])
-        print(f"ratio ours/torch: first step {first:.2f}, median step {med:.2f}; bytes "
+        print(f"ratio ours/torch: first step {first:.2f}, median step {med:.2f}, peak "
+              f"memory {peaks['dtensor'] / peaks['torch']:.2f}; bytes "
               f"{sum(nbytes['dtensor'].values()) / sum(nbytes['torch'].values()):.3f}")
         worst = max(abs(x - y) / abs(y) for x, y in zip(losses["dtensor"], losses["torch"],
                                                           strict=True))

@@ -103,48 +103,73 @@ class ParamGroup:
 
     # All-gather -------------------------------------------------------------
     def unshard(self) -> None:
-        """All-gather every parameter of the group in one collective (if sharded)."""
+        """All-gather every parameter of the group in one collective (if sharded).
+
+        Memory at its peak: the gathered buffer and the unsharded one (plus
+        this rank's segment while the collective runs); the copy between
+        them is one ``split_with_sizes_copy`` into the padded parameters.
+        """
         if self.is_unsharded:
             return
         dtype = self.dtype()
-        device = self.params[0].sharded()._local_tensor.device
-        send = torch.zeros(self.segment, dtype=dtype, device=device)
-        offset = 0
+        local = self.params[0].sharded()._local_tensor
+        send = torch.empty(self.segment, dtype=dtype, device=local.device)
+        # A cast to ``dtype`` (mixed precision) happens in the copy: no temporaries.
+        torch.cat(self._send_pieces(), out=send)
+        gathered = _comm.all_gather_cat(send, self._shard_group())
+        _free(send)  # before the unsharded buffer is allocated
+        self._alloc_flat(dtype, local.device)
+        with torch.no_grad():
+            torch.split_with_sizes_copy(gathered.view(self.n, self.segment), self.seg_sizes,
+                                        dim=1, out=self._copy_out)
+        _free(gathered)
+        self.is_unsharded = True
+
+    def _send_pieces(self) -> list[torch.Tensor]:
+        """This rank's segment as pieces: each local block, then its padding."""
+        pieces = []
         for p, size in zip(self.params, self.seg_sizes, strict=True):
             local = p.sharded()._local_tensor.reshape(-1)
-            send[offset:offset + local.numel()].copy_(local)
-            offset += size
-        gathered = _comm.all_gather_cat(send.view(1, -1), self._shard_group())
-        gathered = gathered.view(self.n, self.segment)
-        total = sum(math.prod(p.block_shape) for p in self.params)
+            pieces.append(local)
+            if local.numel() != size:
+                pieces.append(local.new_zeros(size - local.numel()))
+        return pieces
+
+    def _alloc_flat(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Give the unsharded buffer storage (a new buffer when dtype or device changed).
+
+        Every parameter holds ``n * chunk`` rows in it (its padded size), so
+        that the gathered rows of all ranks land with one strided copy; the
+        parameter is the view of its first ``rows`` rows.
+        """
+        total = self.n * self.segment
         if self.flat is None or self.flat.dtype != dtype or self.flat.device != device:
             self.flat = torch.empty(total, dtype=dtype, device=device)
-            self.views = []
+            # ``.data``: a write autograd's saved views must not count as a change.
+            data = self.flat.data
+            self.views, self._copy_out = [], []
             start = 0
-            for p in self.params:
+            for p, size in zip(self.params, self.seg_sizes, strict=True):
                 numel = math.prod(p.block_shape)
                 self.views.append(self.flat[start:start + numel].view(p.block_shape))
-                start += numel
+                self._copy_out.append(data[start:start + self.n * size].view(self.n, size))
+                start += self.n * size
         storage = self.flat.untyped_storage()
         if storage.size() == 0:
             storage.resize_(total * self.flat.element_size())
-        # ``.data``: a write autograd's saved views must not count as a change.
-        flat = self.flat.data
-        offset, start = 0, 0
-        with torch.no_grad():
-            for p, c, size in zip(self.params, self.chunk_rows, self.seg_sizes, strict=True):
-                numel = math.prod(p.block_shape)
-                rows = gathered[:, offset:offset + size].reshape(self.n * c, p.row_numel)
-                flat[start:start + numel].view(p.rows, p.row_numel).copy_(rows[:p.rows])
-                offset += size
-                start += numel
-        self.is_unsharded = True
 
     def reshard(self) -> None:
         """Free the unsharded buffer's storage (its tensor stays for autograd's views)."""
         if self.flat is not None:
             self.flat.untyped_storage().resize_(0)
         self.is_unsharded = False
+
+    def aliases_flat(self, tensors) -> bool:
+        """Whether any of ``tensors`` shares the unsharded buffer's storage."""
+        if self.flat is None or not self.is_unsharded:
+            return False
+        ptr = self.flat.untyped_storage().data_ptr()
+        return any(t is not None and t.numel() and _storage_ptr(t) == ptr for t in tensors)
 
     def unsharded_params(self) -> list[torch.Tensor]:
         """The parameters as the module's forward sees them (no autograd link)."""
@@ -194,19 +219,28 @@ class ParamGroup:
             return [None] * len(blocks)
         dtype = self.reduce_dtype or self.dtype()
         device = self.params[0].sharded()._local_tensor.device
-        send = torch.zeros(self.n, self.segment, dtype=dtype, device=device)
-        offset = 0
-        for p, c, size, b in zip(self.params, self.chunk_rows, self.seg_sizes, blocks,
-                                 strict=True):
-            if b is not None:
-                rows = b.reshape(p.rows, p.row_numel)
-                if self.n * c != p.rows:
-                    rows = torch.cat([rows, rows.new_zeros(self.n * c - p.rows, p.row_numel)])
-                send[:, offset:offset + size].copy_(rows.view(self.n, size))
-            offset += size
-        mine = _comm.reduce_scatter(send, "avg", 0, self._shard_group()).view(-1)
-        if self.replicate_axis is not None and self.mesh.size(self.replicate_axis) > 1:
-            mine = _comm.all_reduce(mine, "avg", self.mesh.get_group(self.replicate_axis))
+        send = torch.empty(self.n, self.segment, dtype=dtype, device=device)
+        # Row chunks of every block, padded, rank by rank: the wire layout in
+        # one copy (and cast). Empty blocks send nothing; a missing gradient
+        # sends zeros.
+        rows = [b.reshape(p.rows, p.row_numel) if b is not None
+                else torch.zeros(p.rows, p.row_numel, dtype=dtype, device=device)
+                for p, b in zip(self.params, blocks, strict=True)]
+        rows = [r for r in rows if r.numel()]
+        if rows:
+            torch._chunk_cat(rows, 0, self.n, out=send)
+        else:
+            send.zero_()
+        del rows, blocks
+        # Summed, then divided in place: no second buffer for the average.
+        mine = _comm.reduce_scatter(send, "sum", 0, self._shard_group()).view(-1)
+        _free(send)
+        mine.div_(self.n)
+        replicas = 1 if self.replicate_axis is None else self.mesh.size(self.replicate_axis)
+        if replicas > 1:  # HSDP: in place, the same division
+            mine = _comm.all_reduce(mine, "sum", self.mesh.get_group(self.replicate_axis),
+                                    _fresh=True)
+            mine.div_(replicas)
         out, offset = [], 0
         for p, size in zip(self.params, self.seg_sizes, strict=True):
             param = p.sharded()
@@ -238,12 +272,22 @@ class _Unshard(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         group: ParamGroup = ctx.group
+        # The reduction does not read the unsharded parameters: reshard first,
+        # so their buffer is free before the reduce-scatter's is allocated
+        # (unless a gradient shares the buffer's storage).
+        early = group.reshard_after_backward and not group.aliases_flat(grads)
+        if early:
+            _release(group)
         out = group.reduce_grads(list(grads))
-        if group.reshard_after_backward:
-            group.reshard()
-            group.uninstall()
-            group.outputs = None
+        if group.reshard_after_backward and not early:
+            _release(group)
         return (None, *out)
+
+
+def _release(group: ParamGroup) -> None:
+    group.reshard()
+    group.uninstall()
+    group.outputs = None
 
 
 def unshard_for_forward(group: ParamGroup) -> tuple:
@@ -255,6 +299,20 @@ def unshard_for_forward(group: ParamGroup) -> tuple:
         group.outputs = outs
         return outs
     return tuple(group.unsharded_params())
+
+
+def _free(t: torch.Tensor) -> None:
+    """Free ``t``'s storage now. Gloo's work object holds a finished
+    collective's buffers until its worker thread drops it, which on a loaded
+    machine comes late; the storage is ours, so it goes when we are done."""
+    if type(t) is torch.Tensor and not torch.compiler.is_compiling():
+        t.untyped_storage().resize_(0)
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    return t.untyped_storage().data_ptr()
 
 
 def spec_of(mesh: DeviceMesh, placements: tuple[Placement, ...], shape, dtype) -> DTensorSpec:
