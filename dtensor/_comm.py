@@ -257,7 +257,7 @@ def unpack_chunks(stacked: torch.Tensor, n: int, dim: int, length: int) -> torch
     piece = block[dim]
     if math.prod(block[:dim]) == 1:
         whole = (*block[:dim], n * piece, *block[dim + 1:])
-        out = stacked.view(whole)
+        out = stacked.view(whole) if dim else stacked  # dim 0: already that shape
         return out if n * piece == length else out.narrow(dim, 0, length)
     sizes = [max(0, min(piece, length - i * piece)) for i in range(n)]
     blocks = stacked.view(n, *block).unbind(0)
