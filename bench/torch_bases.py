@@ -6,14 +6,16 @@ sharded tensor checked with ``assertEqual``) and a ``MultiProcContinuousTest``
 class with the same body, K methods each, world size N. The same file runs
 
 - by the bases' own harness: ``pytest -p no:launch.plugin`` (a spawned world
-  per ``DTensorTestBase`` method, one per ``MultiProcContinuousTest`` class);
+  per ``DTensorTestBase`` method, one per ``MultiProcContinuousTest`` class),
+  alone and under ``-n 2``;
 - by the service: plain ``pytest`` (worlds launched by the plugin),
   ``torchrun --nproc_per_node=N -m pytest`` and ``pytest -n 2``.
 
 Each method's body records a timestamp on rank 0. Reported per harness and
 class: the whole command's wall time, and the steady-state seconds per test
 (the spread of the timestamps over the number of gaps: what a further test
-costs, start-up excluded). Ratios are the own harness over the service.
+costs, start-up excluded). Ratios are the own harness over the service; the
+service under ``-n 2`` is also set against the own harness under ``-n 2``.
 
     python bench/torch_bases.py                     # N=4, K=8, one run each
     python bench/torch_bases.py --tests 12 --reps 2
@@ -91,12 +93,29 @@ for _i in range({k}):
 '''
 
 
-def _env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_ADDOPTS")}
+def _env(d: Path) -> dict[str, str]:
+    drop = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_ADDOPTS",
+            "PYTHONDONTWRITEBYTECODE")
+    e = {k: v for k, v in os.environ.items() if k not in drop}
     e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), e.get("PYTHONPATH")]))
     e["OMP_NUM_THREADS"] = "1"
+    # NOTE: bytecode cached as on a developer's machine (pytest's rewritten test
+    # and plugin modules too), in a folder of this run, never in the tree: without
+    # it every pytest process compiles the project's ~200 modules (~2 s here).
+    e["PYTHONPYCACHEPREFIX"] = str(d / "pycache")
     return e
+
+
+def warm(d: Path, cmds: dict[str, list[str]]) -> None:
+    """Fill the bytecode cache (one collection per distinct command), untimed."""
+    seen = set()
+    for cmd in cmds.values():
+        plain = tuple(a for a in cmd if a not in ("-n", "2"))
+        if plain in seen:
+            continue
+        seen.add(plain)
+        subprocess.run([*plain, "--collect-only"], cwd=d, env=_env(d), capture_output=True,
+                       timeout=600)
 
 
 def commands(n: int) -> dict[str, list[str]]:
@@ -108,6 +127,8 @@ def commands(n: int) -> dict[str, list[str]]:
         f"service, torchrun N={n}": [py, "-m", "torch.distributed.run", "--standalone",
                                      f"--nproc-per-node={n}", "-m", "pytest", *base],
         "service, pytest -n 2": [py, "-m", "pytest", "-n", "2", *base],
+        "own harness, pytest -n 2": [py, "-m", "pytest", "-p", "no:launch.plugin", "-n", "2",
+                                     *base],
     }
 
 
@@ -116,7 +137,7 @@ def run_once(d: Path, cmd: list[str], k: int) -> tuple[float, dict[str, float]]:
     marks = d / "marks"
     for cls in ("PerTest", "PerClass"):
         Path(f"{marks}.{cls}").unlink(missing_ok=True)
-    env = dict(_env(), BENCH_MARKS=str(marks))
+    env = dict(_env(d), BENCH_MARKS=str(marks))
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
@@ -143,12 +164,14 @@ def main() -> None:
         d = Path(tmp)
         (d / "test_bench_bases.py").write_text(SUITE.format(n=n, k=k))
         cmds = commands(n)
+        warm(d, cmds)
         for _ in range(args.reps):  # harnesses take turns: load hits them alike
             for name, cmd in cmds.items():
                 rows.setdefault(name, []).append(run_once(d, cmd, k))
     med = statistics.median
     print(f"{2 * k} tests ({k} per class), {n} ranks, {args.reps} run(s) each; "
-          f"load average at the end {os.getloadavg()[0]:.1f}\n")
+          f"bytecode cache warmed untimed; load average at the end "
+          f"{os.getloadavg()[0]:.1f}\n")
     print("| harness | whole command | per test, DTensorTestBase | "
           "per test, MultiProcContinuousTest |")
     print("|---|---:|---:|---:|")
@@ -159,14 +182,17 @@ def main() -> None:
         pc = med(r["PerClass"] for _, r in runs)
         summary[name] = (wall, pt, pc)
         print(f"| {name} | {wall:.1f} s | {pt * 1e3:.1f} ms | {pc * 1e3:.1f} ms |")
-    own = summary["own harness"]
     print()
     for name, (wall, pt, pc) in summary.items():
-        if name == "own harness":
+        if name.startswith("own harness"):
             continue
-        print(f"{name}: whole command {own[0] / wall:.1f}x faster; per test "
-              f"{own[1] / pt:.0f}x faster than DTensorTestBase's harness, "
-              f"{own[2] / pc:.2f}x MultiProcContinuousTest's")
+        # -n 2 is set against the own harness both as it runs alone and under -n 2
+        refs = ["own harness"] + (["own harness, pytest -n 2"] if "-n 2" in name else [])
+        for ref in refs:
+            own = summary[ref]
+            print(f"{name} vs {ref}: whole command {own[0] / wall:.1f}x faster; per test "
+                  f"{own[1] / pt:.0f}x faster than DTensorTestBase's harness, "
+                  f"{own[2] / pc:.2f}x MultiProcContinuousTest's")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Parent mode: plain ``pytest`` (also each pytest-xdist worker).
 
 Unmarked tests run here as usual. A ``world_size(n)``-marked test runs in a
-world of n ranks that this process launches through ``torch.distributed.run``
-on the first test needing it and keeps for the session (one world per size).
-The parent hosts a TCPStore; the ranks run pytest in server mode
-(``launch.modes.server``) over the same test files; the parent sends test ids and
+world of n ranks that this process starts on the first test needing it and
+keeps for the session (one world per size): by forking itself, already
+collected, once per rank (``launch.modes.forked``), or where that is refused
+through ``torch.distributed.run`` (fresh interpreters that collect the same
+files). The parent hosts a TCPStore; the ranks run in server mode
+(``launch.modes.server``); the parent sends test ids and
 logs the reports it gets back as the item's own, so ids, tracebacks, ``-k``,
 ``-x``, ``--lf`` and junit work as for any test.
 

@@ -1,4 +1,5 @@
-"""Ending a launched world completely: torchrun and every rank process of it.
+"""Ending a launched world completely: torchrun and every rank process of it;
+``ForkedRanks``, the handle of a world whose ranks the parent forked.
 
 torchrun starts each rank in a session of its own (``start_new_session``), so
 killing torchrun does not end its ranks: a rank wedged in C++ or still
