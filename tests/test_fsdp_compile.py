@@ -12,7 +12,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -35,14 +34,14 @@ class Block(nn.Module):
         super().__init__()
         self.a = nn.Linear(6, 10)  # 10 and 6 rows: 5 + 5 and 3 + 3 on 2 ranks
         self.b = nn.Linear(10, 6)
-        self.p = p
+        self.drop = nn.Dropout(p)
         self.single_device = False  # draw the whole batch's mask on one device
 
     def forward(self, x):
         h = torch.relu(self.a(x))
-        if self.p:
-            h = dtensor.random.dropout(h, self.p) if self.single_device \
-                else F.dropout(h, self.p, self.training)
+        if self.drop.p:
+            h = dtensor.random.dropout(h, self.drop.p) if self.single_device \
+                else self.drop(h)
         return x + self.b(h)
 
 

@@ -109,8 +109,12 @@ def test_dropout_under_hsdp_trains_like_single_device(world) -> None:
 @pytest.mark.world_size(2)
 def test_a_draw_without_batch_major_rows_is_refused(world) -> None:
     class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drop = nn.Dropout(0.5)
+
         def forward(self, x):
-            return F.dropout(x.t(), 0.5)  # (6, local batch): dim 0 is not the batch
+            return self.drop(x.t())  # (6, local batch): dim 0 is not the batch
 
     model = fully_shard(Odd(), mesh=DeviceMesh("cpu", [0, 1]))
     with pytest.raises(FSDPError, match=r"multiple of the local batch 4.*move the batch"):
@@ -119,3 +123,26 @@ def test_a_draw_without_batch_major_rows_is_refused(world) -> None:
     assert not torch.overrides._get_current_function_mode_stack()
     with pytest.raises(FSDPError, match="multiple of the local batch"):
         model(torch.ones(4, 6))
+
+
+@pytest.mark.world_size(2)
+def test_draws_are_routed_only_for_training_models_with_dropout(world) -> None:
+    """Models without dropout (and eval forwards) run without the interception."""
+    from dtensor.fsdp.rng import DataParallelRandom
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            stack = torch.overrides._get_current_function_mode_stack()
+            seen.append(any(isinstance(m, DataParallelRandom) for m in stack))
+            return x
+
+    mesh = DeviceMesh("cpu", [0, 1])
+    plain = fully_shard(nn.Sequential(nn.Linear(4, 4), Probe()), mesh=mesh)
+    dropping = fully_shard(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), Probe()), mesh=mesh)
+    plain(torch.ones(2, 4))
+    dropping(torch.ones(2, 4))
+    dropping.eval()
+    dropping(torch.ones(2, 4))
+    assert seen == [False, True, False]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules.dropout import _DropoutNd
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dtensor.fsdp.errors import FSDPError
@@ -47,6 +48,7 @@ class _State:
         self.is_last_backward = True
         self.is_root = True  # until a fully_shard call above takes this module in
         self.random: DataParallelRandom | None = None  # the root's, during its forward
+        self.has_dropout: bool | None = None
 
 
 class FSDPModule:
@@ -206,7 +208,7 @@ def _in_backward() -> bool:
 
 def _pre_forward(module, args, kwargs):
     state: _State = module._fsdp_state
-    if state.is_root and state.random is None:
+    if state.is_root and state.random is None and module.training and _has_dropout(module):
         first = next((t for t in tree_flatten((args, kwargs))[0]
                       if isinstance(t, torch.Tensor) and t.dim() > 0), None)
         state.random = DataParallelRandom(state.mesh, None if first is None else first.shape[0])
@@ -232,6 +234,17 @@ def _post_forward(module, args, output):
     if state.mp.output_dtype is not None:
         output = _cast(output, state.mp.output_dtype)
     return output
+
+
+def _has_dropout(module) -> bool:
+    """Whether the model holds a dropout module (decided at its first forward):
+    only then do its training forwards route draws through
+    ``DataParallelRandom``, which sees every torch call of the forward (a
+    Python call each), so models without dropout pay nothing."""
+    state: _State = module._fsdp_state
+    if state.has_dropout is None:
+        state.has_dropout = any(isinstance(m, _DropoutNd) and m.p > 0 for m in module.modules())
+    return state.has_dropout
 
 
 def _end_random(module, args, output):

@@ -1,9 +1,10 @@
 """Random ops on plain tensors inside an FSDP forward: the single-device draw.
 
 Under FSDP each data-parallel rank runs the model on its rows of the batch,
-as plain tensors. While the root ``FSDPModule``'s forward runs, dropout
-(``F.dropout``, ``nn.Dropout``), ``torch.rand_like`` and ``torch.randn_like``
-on a plain tensor draw from dtensor's generator as this rank's block of the
+as plain tensors. While the root ``FSDPModule``'s forward runs in training
+mode, in a model that holds a dropout module (``nn.Dropout`` or another
+``_DropoutNd`` with ``p > 0``), dropout (``F.dropout``, ``nn.Dropout``),
+``torch.rand_like`` and ``torch.randn_like`` on a plain tensor draw from dtensor's generator as this rank's block of the
 draw for the whole batch: the global tensor is every data-parallel rank's
 tensor concatenated along dim 0, in rank order (HSDP: replica-major). So the
 masks are the ones ``dtensor.random.dropout`` gives the whole batch on one
@@ -16,7 +17,7 @@ whose dim 0 is ``k`` times the local batch is ``k`` rows per sample (batch
 major, e.g. ``(batch * seq, dim)``); DTensor operands keep their own rules.
 
 Example:
-    >>> fully_shard(model, mesh=mesh)          # model uses nn.Dropout(0.1)
+    >>> fully_shard(model, mesh=mesh)          # model holds nn.Dropout(0.1)
     >>> loss = model(x.chunk(n)[rank]).sum()   # masks: rows of the full batch's
 """
 
