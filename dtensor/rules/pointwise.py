@@ -177,5 +177,8 @@ def pointwise_rule(call):
     return Sharding(tuple(inputs), (tuple(out),) * n, shapes=(shape,) * n)
 
 
-# Pointwise ops that torch does not tag pointwise.
-RULES: dict = {aten.rsub.Tensor: pointwise_rule}
+# Pointwise ops that torch does not tag pointwise (``log_sigmoid_forward``:
+# the value and a same-shaped buffer, under ``F.logsigmoid`` and
+# ``multilabel_soft_margin_loss``).
+RULES: dict = {aten.rsub.Tensor: pointwise_rule,
+               aten.log_sigmoid_forward.default: pointwise_rule}

@@ -2,8 +2,9 @@
 
 ``copy_`` keeps the destination's layout and brings the source to it;
 ``_to_copy`` (``.to(dtype)``) keeps the layout, partial sums included when
-the cast is linear and not widening (floating to no wider floating; a
-widening cast reduces first, on fewer bytes). Constructors from a template
+the cast is linear and not widening (floating or integer to no wider
+floating; a widening cast reduces first, on fewer bytes); ``fill_`` keeps
+any layout but pieces of a sum. Constructors from a template
 follow its shards but never its partial values (``ones_like`` of a partial
 tensor is all ones, not a piece of them); ``new_empty`` of the template's own
 size keeps its whole layout (no values to be wrong). ``equal`` compares blocks and
@@ -46,8 +47,12 @@ def to_copy_rule(call):
         return None
     # A widening cast (float -> double, real -> complex) of partial values
     # reduces before it: fewer bytes, and the sum rounds as the full tensor's.
-    keep = dtype == spec.dtype or (is_float(dtype) and is_float(spec.dtype)
-                                   and dtype.itemsize <= spec.dtype.itemsize)
+    # Integer pieces (counts) cast to a no wider float stay pieces, as a
+    # narrowing float cast's do: the cast is monotone (max/min pieces) and
+    # linear up to the float's rounding.
+    keep = dtype == spec.dtype or (
+        is_float(dtype) and dtype.itemsize <= spec.dtype.itemsize
+        and (is_float(spec.dtype) or spec.dtype != torch.bool))
     placements = spec.placements if keep else partial_to_replicate(spec.placements)
     return Sharding((placements,), (placements,))
 
@@ -103,6 +108,16 @@ def equal_rule(call):
     return Sharding((None, a.placements), (), scalar_reduce="all")
 
 
+def fill_rule(call):
+    """``fill_(x, v)`` keeps x's layout; pieces of a sum would each hold v
+    (their sum n * v), so those are replicated first and moved back."""
+    (spec,) = call.specs[:1]
+    if any(p.is_partial() and p.reduce_op not in ("avg", "max", "min")
+           for p in spec.placements):
+        return None
+    return Sharding((None,), (spec.placements,))
+
+
 def _partial_keeps_zero(call):
     """``zero_`` keeps any layout (zero pieces sum to zero)."""
     (spec,) = call.specs
@@ -127,6 +142,7 @@ RULES: dict = {
     aten.zero_.default: _partial_keeps_zero,
     # fill(x, v): only x's layout matters, not its values (partial ones unread)
     aten.fill.Scalar: like_rule,
+    aten.fill_.Scalar: fill_rule,
 }
 
 

@@ -1,0 +1,82 @@
+"""Covers: losses and casts of the communication audit (bench/comm_audit.py)
+against PyTorch's DTensor, as the audit counts them (the op plus making its
+result a full tensor, 2-rank Gloo world). Ours must send no more wire bytes
+(for equal bytes, no more collectives) than PyTorch's and equal the
+single-device value:
+
+- ``fill_`` keeps a sharded layout (``cosine_embedding_loss`` and
+  ``hinge_embedding_loss`` fill a sharded buffer; dtensor/rules/tensor_ops.py);
+- ``log_sigmoid_forward`` is point-wise (``F.logsigmoid``,
+  ``multilabel_soft_margin_loss``; dtensor/rules/pointwise.py);
+- an integer-to-float cast keeps pieces (``masked.std``'s element count;
+  dtensor/rules/tensor_ops.py).
+
+And one accepted difference (``comm_audit.ACCEPTED``): PyTorch's
+``gaussian_nll_loss`` of sharded operands checks ``any(var < 0)`` on each
+rank's block alone, sending nothing where ours combines the ranks' answers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_comm_audit_fixes_dist import _check_no_more_than_torch, _libs, _pieces
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize(("loss", "layout"), [
+    ("cosine_embedding", "S0"), ("hinge_embedding", "S0"), ("hinge_embedding", "S1")])
+def test_embedding_losses_fill_without_gathering(world, loss, layout) -> None:
+    a, b = _pieces((6, 4), 80, 1), _pieces((6, 4), 81, 1)
+    target = [torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])]
+    if loss == "cosine_embedding":
+        def fn(x, y, t):
+            return F.cosine_embedding_loss(x, y, t, margin=0.2, reduction="none")
+        inputs = [(layout, a), (layout, b), ("S0", target)]
+    else:
+        def fn(x, y):
+            return F.hinge_embedding_loss(x, y, margin=0.5, reduction="none")
+        inputs = [(layout, a), (layout, [target[0].sign().expand(4, 6).t().contiguous()])]
+    _check_no_more_than_torch(world, fn, inputs)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layout", ["S0", "S1"])
+def test_log_sigmoid_keeps_shards(world, layout) -> None:
+    x, y = _pieces((6, 4), 82, 1), [(torch.rand(6, 4, generator=torch.Generator().manual_seed(83))
+                                     > 0.5).float()]
+    _check_no_more_than_torch(world, F.logsigmoid, [(layout, x)])
+    _check_no_more_than_torch(world, F.multilabel_soft_margin_loss, [(layout, x), (layout, y)])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["Psum", "Pmax"])
+def test_integer_to_float_cast_keeps_pieces(world, kind) -> None:
+    pieces = [(p * 10).to(torch.int64) for p in _pieces((5, 4), 84)]
+    _check_no_more_than_torch(world, lambda x: x.to(torch.float32), [(kind, pieces)])
+
+
+@pytest.mark.world_size(2)
+def test_masked_std_sends_no_more_than_torch(world) -> None:
+    x = _pieces((5, 5, 5), 85, 1)
+    mask = [torch.rand(5, 5, 5, generator=torch.Generator().manual_seed(86)) > 0.4]
+    _check_no_more_than_torch(world, lambda a, m: torch.masked.std(a, mask=m),
+                              [("S0", x), ("S0", mask)])
+
+
+@pytest.mark.world_size(2)
+def test_torch_any_of_a_shard_reads_only_the_local_block(world) -> None:
+    """Why sharded ``gaussian_nll_loss`` is an accepted difference: its
+    ``any(var < 0)`` check is rank-local in PyTorch, global in ours."""
+    import comm_audit
+
+    assert comm_audit.accepted("nn.functional.gaussian_nll_loss", "(R, S(0), S(0))")
+    assert not comm_audit.accepted("nn.functional.gaussian_nll_loss", "P(sum)")
+    x = torch.tensor([1.0, 2.0, 3.0, -4.0])  # the negative value is in rank 1's block
+    seen = {}
+    for name, (lib, mesh) in _libs(world).items():
+        d = lib.distribute_tensor(x, mesh, [lib.Shard(0)])
+        seen[name] = bool(torch.any(d < 0))
+    assert seen["ours"] is True
+    assert seen["torch"] is (world.rank == 1)  # rank 0 never sees the negative value
