@@ -230,14 +230,26 @@ def test_a_mesh_without_a_data_parallel_axis_is_refused(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_mixed_meshes_in_one_optimizer_are_refused(world) -> None:
+def test_mixed_meshes_step_per_mesh_and_their_joint_norm_is_refused(world) -> None:
+    """One optimizer over two meshes steps each parameter on its own mesh;
+    the total norm of both cannot be formed (MeshError on every rank)."""
+    from dtensor.errors import MeshError
+
     a, b = nn.Linear(4, 4), nn.Linear(4, 4)
     fully_shard(a, mesh=DeviceMesh("cpu", [0, 1]))
     fully_shard(b, mesh=DeviceMesh("cpu", [1, 0]))
+    torch.manual_seed(0)
+    ref = [copy.deepcopy(m) for m in (a, b)]
     (a(torch.ones(1, 4)).sum() + b(torch.ones(1, 4)).sum()).backward()
-    opt = torch.optim.AdamW([*a.parameters(), *b.parameters()], lr=0.1, foreach=True)
-    with pytest.raises(RuntimeError, match="mesh"):
-        opt.step()
+    with pytest.raises(MeshError, match=r"different meshes.*redistribute"):
+        nn.utils.clip_grad_norm_([*a.parameters(), *b.parameters()], 1.0)
+    for m in ref:
+        m(torch.ones(1, 4)).sum().backward()
+        torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True).step()
+    torch.optim.AdamW([*a.parameters(), *b.parameters()], lr=0.1, foreach=True).step()
+    for m, r in zip((a, b), ref, strict=True):
+        for p, q in zip(m.parameters(), r.parameters(), strict=True):
+            torch.testing.assert_close(p.detach().full_tensor(), q.detach().full_tensor())
 
 
 @pytest.mark.world_size(2)
