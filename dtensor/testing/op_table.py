@@ -310,6 +310,8 @@ TABLE: tuple[OpCase, ...] = (
     _row("avg_pool3d", "nn", lambda a: F.avg_pool3d(a, 2), ((3, 2, 2, 4, 4),)),
     _row("group_norm", "nn", lambda a: F.group_norm(a, 2), ((3, 4, 5),)),
     _row("fill", "creation", lambda a: torch.fill(a, 2.0), _A),
+    _row("fill_", "creation", lambda a: (a * 1).fill_(2.0), _A),
+    _row("logsigmoid", "pointwise", F.logsigmoid, _A),
     # dtensor/rules/spatial.py: transformed dims whole, the others independent
     _row("fft", "reduction", lambda a: (torch.fft.rfft(a, dim=1), torch.fft.irfft(
         a.to(torch.complex64), dim=0), torch.fft.fft(a.to(torch.complex64), dim=1)), _A),
