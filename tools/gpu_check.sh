@@ -18,9 +18,9 @@ step() {  # step NAME SECONDS CMD...
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"
   tail -n 6 "$OUT/$name.log"
 }
-step env 60 bash -c 'nvidia-smi -L; $PY -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count(), torch.distributed.is_nccl_available())"'
-step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
-step cuda_plain 150 "$PY" -m pytest tests/test_cuda_dist.py -v -rs -p no:cacheprovider
-step cuda_torchrun1 120 "$PY" -m torch.distributed.run --nproc_per_node=1 -m pytest tests/test_cuda_dist.py -rs -q -p no:cacheprovider
-step cuda_sim 150 "$PY" -m pytest --dist-sim tests/test_cuda_dist.py -v -rs -p no:cacheprovider
+step env 30 bash -c 'nvidia-smi -L; $PY -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count(), torch.distributed.is_nccl_available())"'
+step install 60 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+step cuda_plain 100 "$PY" -m pytest tests/test_cuda_dist.py -v -rs -p no:cacheprovider
+step cuda_torchrun1 60 "$PY" -m torch.distributed.run --nproc_per_node=1 -m pytest tests/test_cuda_dist.py -rs -q -p no:cacheprovider
+step cuda_sim 60 "$PY" -m pytest --dist-sim tests/test_cuda_dist.py -v -rs -p no:cacheprovider
 step main_job 240 "$PY" -m torch.distributed.run --nproc_per_node=4 -m pytest tests/properties -q -x --hypothesis-profile=ci -p no:cacheprovider
