@@ -12,8 +12,9 @@ watches them as torchrun would: one dies, the others are stopped).
 
 A child starts with the parent's pytest state as it was: it takes a capture,
 fixture state and terminal of its own, drops what writes to the parent's
-channels (junit, the xdist worker's reports), and turns the items of
-PyTorch's process bases into ranks' items. What the parent's earlier tests
+channels (junit, the xdist worker's reports), and the plugin picks its mode
+again from the rank's environment (server mode; the items of PyTorch's
+process bases see it when they set up). What the parent's earlier tests
 left in the process (module globals) is inherited, as a rank running all
 tests under torchrun would have it.
 
@@ -98,20 +99,15 @@ def _rank(session: pytest.Session, r: int, n: int, prefix: str, port: int,
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
     _own_pytest_state(session)
     _join(config, prefix, port, r, n)
-    from launch.hypo.lockstep import pin_literal_pool
-    from launch.modes.server import Server
-    from launch.plugin import RANK_PID_ENV
-    from launch.torchbases.items import as_rank
-
-    os.environ[RANK_PID_ENV] = str(os.getpid())
+    # The plugin picks this process's mode again, now from the rank's environment,
+    # as in a rank torchrun started: server mode (looked up, not imported: the
+    # plugin layer sits above the modes).
     pm = config.pluginmanager
-    parent = pm.get_plugin("launch-mode")
-    if parent is not None:
-        pm.unregister(parent)
-    server = Server(config)
-    pm.register(server, "launch-mode")  # pytest_configure runs now (a historic hook)
-    pin_literal_pool()
-    as_rank(session.items)
+    plugin = pm.get_plugin("launch.plugin")
+    os.environ.pop(plugin.RANK_PID_ENV, None)  # this process is a rank, never nested
+    pm.unregister(name="launch-mode")
+    plugin.pytest_configure(config)
+    server = pm.get_plugin("launch-mode")
     server.pytest_sessionstart(session)
     server.pytest_collection_finish(session)
     server.pytest_runtestloop(session)

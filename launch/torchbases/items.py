@@ -110,6 +110,15 @@ class TorchBaseMethod(TestCaseFunction):
         """Whether c10d must hold the in-process tests' own world meanwhile."""
         return self.kind == kinds.INPROC and self.run_as == "rank"
 
+    def setup(self) -> None:
+        if self.run_as == "parent" and where(self.config) == "rank":
+            # a rank forked from the parent that collected this item
+            # (launch.modes.forked): the instance is made again, as the ranked class
+            self.run_as = "rank"
+            self.__dict__.pop("_obj", None)
+            self.__dict__.pop("_instance", None)
+        super().setup()
+
     def _getinstance(self) -> Any:
         if not self.on_rank:
             return super()._getinstance()
@@ -129,13 +138,3 @@ class TorchBaseMethod(TestCaseFunction):
             super().runtest()
         return None
 
-
-def as_rank(items: Iterable[pytest.Item]) -> None:
-    """Turn items a parent collected into this process's items as a rank (a
-    world forked from the parent, ``launch.modes.forked``): the methods of
-    process bases then run on the ranked class."""
-    for item in items:
-        if isinstance(item, TorchBaseMethod) and item.run_as == "parent":
-            item.run_as = "rank"
-            item.__dict__.pop("_obj", None)
-            item.__dict__.pop("_instance", None)
