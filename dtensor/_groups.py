@@ -41,6 +41,10 @@ __all__ = ["group_for", "group_name_for", "on_world_end", "world_tag"]
 # lock the peers need to reach that barrier.
 _groups: dict[int, tuple[object, dict[tuple[int, ...], object], threading.Lock, Counter]] = {}
 _groups_lock = threading.Lock()
+# id -> a tuple of ints seen before (held, so its id is not reused): the O(ranks)
+# check of a 1,024-rank tuple, asked for by every rank of a simulated world, once.
+_ints: dict[int, tuple[int, ...]] = {}
+_INTS_MAX = 4096
 
 def world_tag() -> str:
     """Names the current world: equal on all its ranks, stable across runs.
@@ -66,9 +70,13 @@ def group_for(ranks: Sequence[int]):
     mesh that asked first). The group spanning the whole world in rank order is
     the default group, so 1-D meshes over the world create nothing.
     """
-    if type(ranks) is not tuple or not all(type(r) is int for r in ranks):
-        ranks = tuple(int(r) for r in ranks)
-    # else kept: a mesh's ranks are one tuple shared by a simulated world's ranks
+    if _ints.get(id(ranks)) is not ranks:
+        if type(ranks) is not tuple or not all(type(r) is int for r in ranks):
+            ranks = tuple(int(r) for r in ranks)
+        # else kept: a mesh's ranks are one tuple shared by a simulated world's
+        # ranks, checked once for all of them
+        elif len(_ints) < _INTS_MAX:
+            _ints[id(ranks)] = ranks
     world = dist.distributed_c10d._get_default_group()
     entry = _groups.get(id(world))
     if entry is not None and entry[0] is world:

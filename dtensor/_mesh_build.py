@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from dtensor import _comm
+from dtensor._mesh_layout import Layout, _layout_of, _row_major, shared_layout, unravel
 from dtensor.errors import MeshAxisError, MeshError
 
 # A dtensor.mesh.DeviceMesh: this module sits below dtensor.mesh and never
@@ -36,27 +36,6 @@ __all__ = [
     "unravel",
     "validate",
 ]
-
-
-def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
-    """The coordinate of row-major index ``flat`` in a mesh of ``shape``.
-
-    NOTE: plain integer math, not ``torch.unravel_index``: that one imports
-    sympy on first use (about 0.6 s), which every first mesh paid.
-
-    Example:
-        >>> unravel(5, (2, 3))
-        (1, 2)
-    """
-    total = math.prod(shape)
-    if not 0 <= flat < total:
-        raise MeshError(f"unravel: index {flat} is outside a mesh of shape {tuple(shape)} "
-                        f"({total} ranks); expected 0 <= index < {total}")
-    coord = []
-    for size in reversed(shape):
-        flat, i = divmod(flat, size)
-        coord.append(i)
-    return tuple(reversed(coord))
 
 
 # init_device_mesh ---------------------------------------------------------------
@@ -103,8 +82,7 @@ def init_device_mesh(
         )
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    grid = torch.arange(size).reshape(mesh_shape)
-    return cls(device_type, grid, mesh_dim_names=mesh_dim_names)
+    return cls(device_type, _row_major(mesh_shape), mesh_dim_names=mesh_dim_names)
 
 
 # from_group ------------------------------------------------------------------------
@@ -260,7 +238,7 @@ def flatten(mesh: _Mesh, name: str | None = None) -> _Mesh:
 
 # Checking a mesh's arguments --------------------------------------------------------
 def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
-    """(rank grid, ranks row-major, axis names) of ``DeviceMesh``'s arguments.
+    """(``Layout``, axis names) of ``DeviceMesh``'s arguments.
 
     Raises ``MeshError`` for anything malformed; pure and local, so every rank
     given the same arguments raises the same error.
@@ -272,6 +250,9 @@ def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
             f"DeviceMesh: device_type must be a str like 'cpu' or 'cuda', "
             f"got {device_type!r}"
         )
+    known = _layout_of(mesh)
+    if known is not None:  # a layout checked before: skip the O(ranks) checks
+        return _check_fit(known, mesh_dim_names, init_backend)
     try:
         grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
     except (TypeError, ValueError, RuntimeError) as e:
@@ -288,6 +269,12 @@ def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
         )
     if grid.numel() == 0:
         raise MeshError(f"DeviceMesh: the mesh is empty: {mesh!r}")
+    return _check_fit(shared_layout(ranks, grid), mesh_dim_names, init_backend)
+
+
+def _check_fit(layout: Layout, mesh_dim_names, init_backend: bool):
+    """``(layout, axis names)`` once the layout fits the world and the names fit it."""
+    grid, ranks = layout.grid, layout.ranks
     world = _comm.get_world_size()
     if init_backend and _comm.is_initialized() and max(ranks) >= world:
         raise MeshError(
@@ -303,32 +290,7 @@ def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
                 f"DeviceMesh: expected {grid.ndim} unique mesh_dim_names, "
                 f"got {mesh_dim_names}"
             )
-    ranks, grid = shared_layout(ranks, grid)
-    return grid, ranks, mesh_dim_names
-
-
-# One (ranks, grid) per layout in the process -----------------------------------------
-_SHARED_MAX = 512  # layouts kept; an evicted one stays alive in the meshes holding it
-_shared: dict[tuple, tuple] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_layout(ranks: tuple[int, ...], grid: torch.Tensor) -> tuple:
-    """``(ranks, grid)``, the same objects for every equal layout in the process.
-
-    The ranks of a simulated world (threads of one process) each build the
-    same meshes: a 1024-rank world held 1024 copies of every big mesh's rank
-    tuple and grid (~70 MB for one 1-D mesh over the world). The grid kept is
-    a copy, so a caller's tensor changed later never changes a mesh.
-    """
-    key = (ranks, tuple(grid.shape))
-    with _shared_lock:
-        hit = _shared.get(key)
-        if hit is None:
-            if len(_shared) >= _SHARED_MAX:
-                del _shared[next(iter(_shared))]  # the oldest
-            hit = _shared[key] = (ranks, grid.clone())
-    return hit
+    return layout, mesh_dim_names
 
 
 # Checking a device type ------------------------------------------------------------

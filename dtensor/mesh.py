@@ -80,6 +80,7 @@ class DeviceMesh:
         "_groups",
         "_hash",
         "_init_backend",
+        "_layout",
         "_rank",
         "_ranks",
         "_root",
@@ -105,9 +106,10 @@ class DeviceMesh:
         _root: DeviceMesh | None = None,
         _root_axes: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
-        grid, ranks, mesh_dim_names = _mesh_build.validate(
+        layout, mesh_dim_names = _mesh_build.validate(
             device_type, mesh, mesh_dim_names, _init_backend
         )
+        grid, ranks = layout.grid, layout.ranks
         # A rank thread of torch's thread-per-rank test bases: its own state.
         from dtensor import _rank_state
 
@@ -130,13 +132,9 @@ class DeviceMesh:
         # launch/sim/), and a mesh carries its rank's coordinate and groups,
         # so caches keyed by meshes (specs, plans) must not hand one rank's
         # mesh to another. Constant per process otherwise.
-        self._hash = hash((device_type, self._shape, ranks, mesh_dim_names, self._world,
-                           self._rank))
-        if self._rank in ranks:
-            flat = ranks.index(self._rank)
-            self._coordinate = unravel(flat, self._shape)
-        else:
-            self._coordinate = None
+        self._hash = hash((device_type, layout.hash, mesh_dim_names, self._world, self._rank))
+        self._layout = layout  # shared by the ranks of a simulated world, as are its lines
+        self._coordinate = layout.coordinate(self._rank)
         self._groups: tuple | None = _groups if self._coordinate is not None else None
         self._init_backend = _init_backend
         # Sub-meshes and flattened meshes remember the mesh they came from
@@ -218,11 +216,7 @@ class DeviceMesh:
         )
 
     def _axis_ranks(self, axis: int) -> tuple[int, ...]:
-        if self.ndim == 1:  # the mesh's own ranks, shared by every rank's mesh
-            return self._ranks
-        index = list(self._coordinate)
-        index[axis] = slice(None)
-        return tuple(self.mesh[tuple(index)].tolist())
+        return self._layout.line(self._coordinate, axis)
 
     def _axis(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):

@@ -117,6 +117,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("comm", (
         "_comm.py", "_async.py", "_groups.py", "_rank_state.py", "_seeding.py", "mesh.py",
         "_mesh_build.py",
+        "_mesh_layout.py",
         "_compile.py", "_local_check.py",
     )),
     ("redistribute", ("redistribute.py", "strided.py")),
