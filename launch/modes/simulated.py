@@ -133,7 +133,7 @@ class SimMode:
         w = sim.world(n, self.rank_init)
 
         worlds: dict[int, World] = {}  # a rank's World, made on its first example
-        ranks = tuple(range(n))  # one for all ranks (1,024 copies at 1,024 ranks: ~37 MB)
+        ranks = tuple(range(n))  # one for all ranks (1,024 copies at 1,024 ranks: ~30 MB)
 
         def rank_kwargs(rank: int, kw: dict) -> dict:
             kw = dict(kw)
