@@ -55,8 +55,10 @@ def implicit_replication():
 
 
 def implicit() -> bool:
-    """Whether plain tensors of any size count as replicated operands now
-    (also where PyTorch allows it: vmap's embedding rule adds a plain offset)."""
+    """Whether plain tensors of any size count as replicated operands now:
+    inside ``implicit_replication()`` or PyTorch's own flag for it (set by
+    ``torch.distributed.tensor.experimental.implicit_replication`` and by
+    vmap's embedding rule, which adds a plain offset tensor to the indices)."""
     return getattr(_state, "implicit", False) or _torch_implicit()
 
 
