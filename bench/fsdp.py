@@ -10,7 +10,8 @@ implementation (rank 0 prints):
 
 - the first step's time (cold caches of each runtime; local kernels are
   warmed first by a step of the unsharded model);
-- the median step time after it;
+- the median time of the later steps (the steps counted or profiled below
+  are not timed);
 - bytes per step by collective kind (``bench/_comm_bytes.py``: one dispatch
   mode counts both runtimes' collectives the same way);
 - peak memory of a step per rank: the most bytes of tensors allocated at
@@ -28,7 +29,7 @@ implementation (rank 0 prints):
 Run (2 and 4 ranks; ratios are ours/torch from one run):
 
     torchrun --nproc_per_node=2 bench/fsdp.py
-    torchrun --nproc_per_node=4 bench/fsdp.py --steps 12
+    torchrun --nproc_per_node=4 bench/fsdp.py
 """
 
 from __future__ import annotations

@@ -9,12 +9,19 @@ padded to ``ceil(rows / n)`` rows (``torch.chunk`` pieces, the layout of
 ``Shard(0)``), so that one all-gather fills the buffer for all parameters
 and one reduce-scatter hands every rank the gradient rows it owns.
 
+In the flat buffer every parameter takes its padded size (``n * chunk``
+rows) and is the view of its first rows, so the gathered segments land with
+one strided copy.
+
 The unsharded parameters reach the module through ``_Unshard``, an autograd
 function: the forward hands out views of the flat buffer, the backward
-receives every parameter's gradient at once and reduce-scatters them (the
-dual of the all-gather). Resharding frees the buffer's storage but keeps its
-tensor object: autograd's saved views of it are filled again, in place, by
-the re-gather before backward, without bumping their version counters.
+receives every parameter's gradient at once, frees the flat buffer and
+reduce-scatters them (the dual of the all-gather). Resharding frees the
+buffer's storage but keeps its tensor object: autograd's saved views of it
+are filled again, in place, by the re-gather before backward, without
+bumping their version counters. Communication buffers are freed (storage
+resized to 0) as soon as they are read, not when Gloo drops its work
+object, so the peak does not depend on when its worker thread runs.
 """
 
 from __future__ import annotations
@@ -259,8 +266,8 @@ class _Unshard(torch.autograd.Function):
 
     Forward: the group's unsharded parameters (gathered before, by the
     pre-forward hook) as tensors autograd links to the sharded ones.
-    Backward: all their gradients at once, reduced and scattered into the
-    sharded layout in one collective; then the group reshards.
+    Backward: all their gradients at once; the group reshards, then reduces
+    and scatters them into the sharded layout in one collective.
     """
 
     @staticmethod
