@@ -21,9 +21,15 @@ time covers the process group, the meshes and the scenario). Every
 includes the interpreter and torch, ~0.3 GB) is its own; each process's whole
 wall time is printed too.
 
+Both sides make the inputs and the single-device result once, before the
+timing (``--inputs body`` has every rank of ours make its own, as a test
+written for a real world would), and import ``torch.distributed.tensor``
+before it (``torch.testing.assert_close`` imports it on first use).
+
     python bench/sim_scale.py                          # 64, 256, 512, 1024 ranks
     python bench/sim_scale.py --sizes 256 --side ours  # one side, one size
     python bench/sim_scale.py --timeout 300            # give up on a side after 300 s
+    python bench/sim_scale.py --sizes 1024 --side ours --inputs body
 
 Run it on a quiet machine (it runs one process at a time); it prints a
 markdown table.
@@ -50,30 +56,38 @@ SHAPES_3D = {8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4,
 _OURS_TEST = '''
 import pytest
 import torch
+import torch.distributed.tensor  # noqa: F401  (torch.testing.assert_close imports it)
 
 import dtensor as dt
 from dtensor import Replicate, Shard
 
 N = {n}
 SHAPE = {shape}
-
+{inputs_here}
 
 @pytest.mark.world_size(N)
 @pytest.mark.dist_timeout({timeout})
 def test_scenario(world):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2 * N + 3, 8, generator=gen)
-    w = torch.randn(8, 8, generator=gen)
-    y = torch.randn(2 * SHAPE[0] + 1, 3 * SHAPE[2] + 1, generator=gen)
-    mesh = dt.init_device_mesh("cpu", (N,))
+{inputs_in_body}    mesh = dt.init_device_mesh("cpu", (N,))
     dx = dt.distribute_tensor(x, mesh, [Shard(0)])
     dw = dt.distribute_tensor(w, mesh, [Replicate()])
     out = (dx * 2 + 1) @ dw
     full = out.redistribute(mesh, [Replicate()]).to_local()
-    torch.testing.assert_close(full, (x * 2 + 1) @ w)
+    torch.testing.assert_close(full, want)
     mesh3 = dt.init_device_mesh("cpu", SHAPE, mesh_dim_names=("dp", "cp", "tp"))
     dy = dt.distribute_tensor(y, mesh3, [Shard(0), Replicate(), Shard(1)])
     torch.testing.assert_close(dy.full_tensor(), y)
+'''
+
+# The inputs and the single-device result: made once, before the test, as the
+# LocalTensorMode script makes them (``--inputs module``), or by every rank in
+# the test body (``--inputs body``: n copies alive at once, since every rank
+# holds its own until the last one is done).
+_INPUTS = '''gen = torch.Generator().manual_seed(0)
+x = torch.randn(2 * N + 3, 8, generator=gen)
+w = torch.randn(8, 8, generator=gen)
+y = torch.randn(2 * SHAPE[0] + 1, 3 * SHAPE[2] + 1, generator=gen)
+want = (x * 2 + 1) @ w
 '''
 
 _TORCH_SCRIPT = '''
@@ -137,11 +151,13 @@ def _run(cmd: list[str], env: dict, timeout: float) -> tuple[int, float, float, 
     return rc, wall, usage.ru_maxrss / 2**20, out  # ru_maxrss is in KiB on Linux
 
 
-def ours(n: int, timeout: float) -> dict:
+def ours(n: int, timeout: float, inputs: str = "module") -> dict:
+    here = _INPUTS if inputs == "module" else ""
+    body = textwrap.indent(_INPUTS, "    ") if inputs == "body" else ""
     with tempfile.TemporaryDirectory() as tmp:
         test = Path(tmp) / f"test_sim_scale_{n}.py"
-        test.write_text(textwrap.dedent(_OURS_TEST.format(n=n, shape=SHAPES_3D[n],
-                                                          timeout=int(timeout))))
+        test.write_text(_OURS_TEST.format(n=n, shape=SHAPES_3D[n], timeout=int(timeout),
+                                          inputs_here=here, inputs_in_body=body))
         junit = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--dist-sim",
                "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
@@ -176,10 +192,13 @@ def _cell(r: dict | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64,256,512,1024",
-                   help="comma-separated world sizes (each in %s)" % sorted(SHAPES_3D))
+                   help=f"comma-separated world sizes (each in {sorted(SHAPES_3D)})")
     p.add_argument("--side", choices=("both", "ours", "torch"), default="both")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds one side may take at one size before it is killed")
+    p.add_argument("--inputs", choices=("module", "body"), default="module",
+                   help="ours: make the inputs once at module level, as the "
+                        "LocalTensorMode script does (default), or on every rank")
     p.add_argument("-v", "--verbose", action="store_true", help="print failing output")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -188,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes: no 3-D mesh shape for {bad}; choose from {sorted(SHAPES_3D)}")
     rows = []
     for n in sizes:
-        a = ours(n, args.timeout) if args.side in ("both", "ours") else None
+        a = ours(n, args.timeout, args.inputs) if args.side in ("both", "ours") else None
         b = theirs(n, args.timeout) if args.side in ("both", "torch") else None
         for name, r in (("ours", a), ("LocalTensorMode", b)):
             if r is not None and r["scenario"] is None and args.verbose:
