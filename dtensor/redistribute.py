@@ -47,8 +47,14 @@ from dataclasses import dataclass
 import torch
 
 from dtensor import _comm
-from dtensor._plan_cost import can_cut, cheapest_moves, even_shape, plan_cost, reduce_runs
 from dtensor._norm_wire import refuse_negative
+from dtensor._plan_cost import (
+    can_cut,
+    cheapest_moves,
+    even_shape,
+    plan_cost,
+    reduce_runs,
+)
 from dtensor.errors import PlacementError
 from dtensor.placement import Partial, Placement, Replicate, Shard
 from dtensor.spec import DTensorSpec, local_block, shard_range

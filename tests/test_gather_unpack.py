@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtensor import DeviceMesh, Replicate, Shard, distribute_tensor
-from dtensor import _comm
+from dtensor import DeviceMesh, Replicate, Shard, _comm, distribute_tensor
 
 # Ops that write a new buffer from an existing one.
 COPIES = {"cat", "clone", "copy_", "_to_copy", "stack", "contiguous"}
