@@ -60,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         dw = dt.distribute_tensor(w, mesh, [Replicate()]); step("distribute w")  # noqa: E702
         out = (dx * 2 + 1) @ dw; step("ops")  # noqa: E702
         full = out.redistribute(mesh, [Replicate()]).to_local(); step("S(0)->R")  # noqa: E702
-        torch.testing.assert_close(full, want); step("assert_close")  # noqa: E702
+        torch.testing.assert_close(full, want); step("assert_close 1")  # noqa: E702
         mesh3 = dt.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "cp", "tp"))
         step("3-D mesh")
         dy = dt.distribute_tensor(y, mesh3, [Shard(0), Replicate(), Shard(1)])
         step("distribute y")
         back = dy.full_tensor(); step("full_tensor")  # noqa: E702
-        torch.testing.assert_close(back, y); step("assert_close")  # noqa: E702
+        torch.testing.assert_close(back, y); step("assert_close 2")  # noqa: E702
         with lock:
             spent.update(steps)
 
