@@ -6,7 +6,9 @@ operands holding it sharded on it, the others replicated); a contracted
 letter sharded on both operands (output ``Partial(sum)``); one partial
 operand times a replicated one (output keeps the partial). Cost counts the
 elements each operand must move to reach its layout (slicing a replicated
-operand is nearly free). ``matmul``, ``linear`` and ``einsum`` decompose
+operand is nearly free); pieces of a max/min, which must be reduced first,
+go onto a shard (reduce-scatter) where gathering or reducing the smaller
+output later costs less than replicating them (all-reduce). ``matmul``, ``linear`` and ``einsum`` decompose
 into these ops and views before they reach the dispatcher.
 """
 
@@ -55,14 +57,35 @@ def _candidates(la: str, lb: str, lo: str, pa, pb):
         yield Replicate(), pb, pb
 
 
-def _choose(la, lb, lo, a, b):
+def _extreme(p) -> bool:
+    return isinstance(p, Partial) and p.reduce_op in ("max", "min")
+
+
+def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int) -> float:
+    """What a choice costs after the op. Usually only a tie-break against a
+    partial output. With pieces of a max/min, which must be reduced here,
+    reducing one onto a shard (reduce-scatter) costs half of replicating it
+    (all-reduce), but leaves the output to gather (sharded) or reduce
+    (partial sum) later: the cheaper depends on the output's size."""
+    if not (_extreme(pa) or _extreme(pb)):
+        return 1e-3 if isinstance(o, Partial) else 0.0
+    if isinstance(o, Shard) and out_shape[o.dim] < ranks:
+        return _INF  # some ranks would hold nothing, yet pay the reduction
+    no = math.prod(out_shape)
+    more = (na if _extreme(pa) and isinstance(wa, Replicate) else 0) + (
+        nb if _extreme(pb) and isinstance(wb, Replicate) else 0)
+    return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
+
+
+def _choose(la, lb, lo, a, b, out_shape):
     na, nb = math.prod(a.shape), math.prod(b.shape)
     wa_all, wb_all, out = [], [], []
-    for pa, pb in zip(a.placements, b.placements, strict=True):
+    for axis, (pa, pb) in enumerate(zip(a.placements, b.placements, strict=True)):
         best = None
+        ranks = a.mesh.size(axis)
         for wa, wb, o in _candidates(la, lb, lo, pa, pb):
-            # NOTE: a partial output is paid for later by a reduction.
-            c = _cost(pa, wa, na) + _cost(pb, wb, nb) + (1e-3 if isinstance(o, Partial) else 0)
+            c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
+                o, pa, pb, wa, wb, na, nb, out_shape, ranks)
             if best is None or c < best[0]:
                 best = (c, wa, wb, o)
         wa_all.append(best[1])
@@ -96,13 +119,13 @@ def einsum_rule(spec: str, bias: bool = False):
         a, b = specs[-2], specs[-1]
         if a.ndim != len(la) or b.ndim != len(lb):
             return None
-        wa, wb, out = _choose(la, lb, lo, a, b)
         sizes = dict(zip(la, a.shape, strict=True))
         # Output shape only when the contracted sizes agree (else the meta run
         # raises, and every rank replicates and fails alike).
         fits = all(sizes.get(c, n) == n for c, n in zip(lb, b.shape, strict=True))
         sizes.update(zip(lb, b.shape, strict=True))
         out_shape = tuple(sizes[c] for c in lo)
+        wa, wb, out = _choose(la, lb, lo, a, b, out_shape)
         shapes = (out_shape,) if fits else None
         if not bias:
             return Sharding((wa, wb), (out,), shapes=shapes, any_strides=True)
