@@ -174,8 +174,8 @@ def _gather_zeroes_tail_of_dim2_on_4() -> None:
 
     original = redistribute._gather
 
-    def _gather(local, step, global_shape, mesh_shape, coord, group):
-        out = original(local, step, global_shape, mesh_shape, coord, group)
+    def _gather(local, step, global_shape, mesh_shape, coord, group, *rest):
+        out = original(local, step, global_shape, mesh_shape, coord, group, *rest)
         dim = step.src.dim
         if dim == 2 and mesh_shape[step.axis] == 4 and out.shape[dim] == 5:
             out = out.clone()
@@ -412,8 +412,8 @@ def _gather_zeroes_eighth_piece_on_wide_axis() -> None:
 
     original = redistribute._gather
 
-    def _gather(local, step, global_shape, mesh_shape, coord, group):
-        out = original(local, step, global_shape, mesh_shape, coord, group)
+    def _gather(local, step, global_shape, mesh_shape, coord, group, *rest):
+        out = original(local, step, global_shape, mesh_shape, coord, group, *rest)
         n, dim = mesh_shape[step.axis], step.src.dim
         size = out.shape[dim]
         if n >= 8 and size % n:

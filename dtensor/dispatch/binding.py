@@ -17,6 +17,8 @@ and kills the process (``tools/log_softmax_backward_sigfpe.py``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -140,6 +142,7 @@ def _first_call(cand, pargs, kwargs):
     return None  # returned without reaching the dispatcher
 
 
+@functools.lru_cache(maxsize=None)
 def _composite_sibling(func) -> bool:
     """Whether another overload of ``func``'s name is a composite (its kernel
     calls other ops through the dispatcher)."""
