@@ -61,13 +61,14 @@ def _extreme(p) -> bool:
     return isinstance(p, Partial) and p.reduce_op in ("max", "min")
 
 
-def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int) -> float:
+def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) -> float:
     """What a choice costs after the op. Usually only a tie-break against a
     partial output. With pieces of a max/min, which must be reduced here,
     reducing one onto a shard (reduce-scatter) costs half of replicating it
     (all-reduce), but leaves the output to gather (sharded) or reduce
-    (partial sum) later: the cheaper depends on the output's size."""
-    if not (_extreme(pa) or _extreme(pb)):
+    (partial sum) later: the cheaper depends on the output's size. Not with
+    a bias (``ranks`` None): its own pieces would need reducing too."""
+    if ranks is None or not (_extreme(pa) or _extreme(pb)):
         return 1e-3 if isinstance(o, Partial) else 0.0
     if isinstance(o, Shard) and out_shape[o.dim] < ranks:
         return _INF  # some ranks would hold nothing, yet pay the reduction
@@ -77,12 +78,12 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int) -> float:
     return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
 
 
-def _choose(la, lb, lo, a, b, out_shape):
+def _choose(la, lb, lo, a, b, out_shape, bias: bool):
     na, nb = math.prod(a.shape), math.prod(b.shape)
     wa_all, wb_all, out = [], [], []
     for axis, (pa, pb) in enumerate(zip(a.placements, b.placements, strict=True)):
         best = None
-        ranks = a.mesh.size(axis)
+        ranks = None if bias else a.mesh.size(axis)
         for wa, wb, o in _candidates(la, lb, lo, pa, pb):
             c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
                 o, pa, pb, wa, wb, na, nb, out_shape, ranks)
@@ -125,7 +126,7 @@ def einsum_rule(spec: str, bias: bool = False):
         fits = all(sizes.get(c, n) == n for c, n in zip(lb, b.shape, strict=True))
         sizes.update(zip(lb, b.shape, strict=True))
         out_shape = tuple(sizes[c] for c in lo)
-        wa, wb, out = _choose(la, lb, lo, a, b, out_shape)
+        wa, wb, out = _choose(la, lb, lo, a, b, out_shape, bias)
         shapes = (out_shape,) if fits else None
         if not bias:
             return Sharding((wa, wb), (out,), shapes=shapes, any_strides=True)
