@@ -79,3 +79,41 @@ def test_llama_fsdp_over_tensor_parallel_trains_like_single_device(world) -> Non
     assert wq.placements == (Shard(0), Shard(0))
     assert model.layers["0"].attention.wo.weight.placements == (Shard(1), Shard(0))
     assert model.norm.weight.placements == (Replicate(), Shard(0))
+
+
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(2)
+def test_llama_fsdp_matches_pytorch_fully_shard(world) -> None:
+    # The same Llama, seed and batches under PyTorch's fully_shard on its own
+    # DTensor: losses and every step's gradients agree with ours.
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    def record(store):
+        def hook(model):
+            store.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
+                              else p.grad).clone() for n, p in model.named_parameters()})
+        return hook
+
+    args = llama.ModelArgs()
+    data = llama.batches(args, STEPS, batch=4)
+    mesh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",))
+    dtensor.random.manual_seed(0)
+    theirs = copy.deepcopy(llama.build_reference(args))
+    tmesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    for layer in theirs.layers.values():
+        torch_fully_shard(layer, mesh=tmesh)
+    torch_fully_shard(theirs, mesh=tmesh)
+    their_grads, grads = [], []
+    want = example.train(theirs, data, mesh, grad_hook=record(their_grads), clip=1.0)
+    dtensor.random.manual_seed(0)
+    ours = example.build(args, mesh, False)
+    got = example.train(ours, data, mesh, grad_hook=record(grads), clip=1.0)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    for step, (g, w) in enumerate(zip(grads, their_grads, strict=True)):
+        assert g.keys() == w.keys()
+        for k in w:
+            torch.testing.assert_close(g[k], w[k], atol=2e-5, rtol=1e-4,
+                                       msg=lambda m, k=k, step=step: f"grad {k} step {step}: {m}")
