@@ -85,11 +85,12 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "nn.functional.triplet_margin", "nn.functional.gaussian_nll_loss",
         "nn.functional.cross_entropy", "nn.functional.linear_cross_entropy",
     ),
-    "matmul-like ops with a Partial(max/min) or mixed-layout operand: ours "
-    "reduces or gathers the operand before the op, PyTorch's strategy moves "
-    "fewer bytes (more collectives); not yet analysed per sample": (
-        "__rmatmul__", "matmul", "dot", "vdot", "inner", "outer", "einsum",
-        "nn.functional.linear", "nn.functional.embedding",
+    "products with Partial(sum/avg) of both operands (inner, outer, einsum: ours "
+    "reduces one operand, PyTorch the smaller output) or mixed-layout operands "
+    "(vdot, linear), and embedding lookups with Partial(max/min) tables: not yet "
+    "analysed per sample": (
+        "vdot", "inner", "outer", "einsum", "nn.functional.linear",
+        "nn.functional.embedding",
     ),
     "Partial(max/min) operands: ours reduces each operand before the op, PyTorch "
     "one result (pieces through the op)": (
