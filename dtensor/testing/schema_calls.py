@@ -33,7 +33,8 @@ _INDEX_NAMES = {"index", "indices", "target"}
 _MASK_NAMES = {"mask"}
 # Patterns of tensor-operand ranks tried in order (per operand, cycled).
 _NDIM_PATTERNS = ((2,), (1,), (3,), (0,), (2, 1), (1, 2), (3, 2), (2, 0), (3, 3, 2), (1, 0),
-                  (2, 3, 3), (0, 2, 2), (0, 2, 1, 0), (4, 3), (0, 4, 3, 0), (4,), (4, 4, 4))
+                  (2, 3, 3), (0, 2, 2), (0, 2, 1, 0), (4, 3), (0, 4, 3, 0), (4,), (4, 4, 4),
+                  (5,))
 _INT_ARGS = {"dim": 0, "dim0": 0, "dim1": 1, "k": 1, "reduction": 1, "num_weights": _N,
              "padding_idx": -1, "ignore_index": -100, "index": 0, "split_size": 2,
              "start": 0, "end": 2, "step": 1}
@@ -123,6 +124,8 @@ def _value(a, func_name: str):
     if isinstance(t, torch.ListType):
         el = t.getElementType()
         if isinstance(el, (torch.IntType, torch.SymIntType)):
+            if a.name == "output_size" and "upsample" in func_name:
+                return [2] * (1 if "1d" in func_name else 3 if "3d" in func_name else 2)
             if a.name == "size":
                 return [2, 2] if func_name.startswith("new_") else [-1]
             return [2, 1] if a.name == "stride" else _INT_LIST_ARGS.get(a.name, [0])
