@@ -18,8 +18,8 @@ process bases see it when they set up). What the parent's earlier tests
 left in the process (module globals) is inherited, as a rank running all
 tests under torchrun would have it.
 
-``fork_refused`` says when this is not safe (no ``os.fork``, a host with
-CUDA, ``LAUNCH_START=torchrun``); the parent then
+It runs only with ``LAUNCH_START=fork``; ``fork_refused`` says when it does
+not (no ``os.fork``, a host with CUDA, the variable unset); the parent then
 launches torchrun as before.
 """
 
@@ -34,13 +34,18 @@ from typing import Any
 
 import pytest
 
-START_ENV = "LAUNCH_START"  # "torchrun": launch worlds through torchrun, never fork
+START_ENV = "LAUNCH_START"  # "fork": fork the parent; anything else: torchrun
 
 
 def fork_refused(config: pytest.Config) -> str | None:
-    """Why this parent must launch its worlds through torchrun, or None."""
-    if os.environ.get(START_ENV, "fork") == "torchrun":
-        return f"{START_ENV}=torchrun"
+    """Why this parent must launch its worlds through torchrun, or None.
+
+    Forking is opt-in (``LAUNCH_START=fork``): the parent has threads (the
+    store's, earlier worlds' clients), and a child forked while one of them
+    holds a libc lock waits on it forever; seen as a rank stuck in glibc's
+    resolver lock inside ``TCPStore``'s connect, its world never started."""
+    if os.environ.get(START_ENV, "torchrun") != "fork":
+        return f"{START_ENV} is not 'fork'"
     if not hasattr(os, "fork") or sys.platform != "linux":
         return "no os.fork here"
     torch = sys.modules.get("torch")

@@ -1,10 +1,11 @@
 """Covers: launch/modes/forked.py and launch.rank.procs.ForkedRanks, black-box:
-plain pytest forks its worlds' ranks from itself after collection, and a
+with ``LAUNCH_START=fork`` plain pytest forks its worlds' ranks from itself
+after collection, and a
 forked rank keeps nothing of the parent's test state: its fixtures are its
 own (a session fixture the parent's local test set up is set up again on the
 rank, and torn down there, never the parent's value nor the parent's
-finalizer), the parent's captured output and junit stay whole, and
-``LAUNCH_START=torchrun`` starts the same world through torchrun."""
+finalizer), the parent's captured output and junit stay whole; without the
+variable the same world starts through torchrun."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def _teardowns(c) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def test_forked_ranks_keep_their_own_fixtures_and_output(child) -> None:
+def test_forked_ranks_keep_their_own_fixtures_and_output(child, monkeypatch) -> None:
+    monkeypatch.setenv("LAUNCH_START", "fork")
     c = child({"test_fork.py": SUITE}, "-m", "pytest", "-q", "-rP", "--junitxml=junit.xml",
               "test_fork.py")
     assert c.rc == 0, c.out
@@ -64,9 +66,8 @@ def test_forked_ranks_keep_their_own_fixtures_and_output(child) -> None:
 
 
 @pytest.mark.slow  # torchrun's interpreters import torch: the full run, not the quick tier
-def test_launch_start_torchrun_spawns_the_ranks(child, monkeypatch) -> None:
-
-    monkeypatch.setenv("LAUNCH_START", "torchrun")
+def test_worlds_start_through_torchrun_unless_fork_is_asked_for(child, monkeypatch) -> None:
+    monkeypatch.delenv("LAUNCH_START", raising=False)
     c = child({"test_fork.py": SUITE}, "-m", "pytest", "-q", "--junitxml=junit.xml",
               "test_fork.py")
     assert c.rc == 0, c.out

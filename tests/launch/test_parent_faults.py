@@ -85,7 +85,7 @@ def test_faults_in_launched_worlds_then_lf_k_x(child) -> None:
         "test_local": "passed",
         "test_fails_on_rank1_only": "failed",
         "test_skips_on_one_rank": "error",
-        "test_collected_per_rank[0]": "passed",  # ranks forked from the parent share its ids
+        "test_collected_per_rank[0]": "error",  # failed in setup on rank 1
         "test_hangs_on_rank1": "failed",
         "test_after_hang": "passed",
         "test_rank1_killed": "failed",
@@ -95,6 +95,7 @@ def test_faults_in_launched_worlds_then_lf_k_x(child) -> None:
     }, out
     assert "failed on rank 1 of 2 (rank 0: passed)" in out and "only rank 1 fails" in out
     assert "skipped on ranks 1 (rank 1 skips)" in out
+    assert "test_suite.py::test_collected_per_rank[0] was not collected on rank 1" in out
     # hang: test, ranks, where; the next test ran in a fresh world, in bounded time
     assert "timed out after 3 s during test_suite.py::test_hangs_on_rank1" in out
     assert re.search(rf"rank 1: stuck at \S*test_suite.py:{HANG_LINE} in test_hangs_on_rank1", out), out
@@ -136,7 +137,7 @@ def test_xdist_workers_launch_separate_worlds(child) -> None:
     assert c.rc == 0, c.out
     assert "2 passed" in c.out
     # each worker launched its own world (own store, own rendezvous port)
-    worlds = list(c.dir.glob(".launch-logs/*/w2g1-world.log"))
+    worlds = list(c.dir.glob(".launch-logs/*/w2g1-torchrun.log"))
     assert len(worlds) == 2, c.out
 
 
