@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dtensor
-from dtensor import DeviceMesh, DTensor, Replicate, Shard
+from dtensor import DeviceMesh, Replicate, Shard
 
 _DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -33,7 +33,8 @@ STEPS = 5
 
 def _recorder(store: list):
     def hook(model):
-        store.append({n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+        # PyTorch's DTensor too (the comparison with its fully_shard)
+        store.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
                       for n, p in model.named_parameters()})
     return hook
 
@@ -49,12 +50,16 @@ def _check(mesh, dp_mesh, tp: bool, **kw):
     model = example.build(args, mesh, tp, **kw)
     losses = example.train(model, data, dp_mesh, grad_hook=_recorder(grads), clip=1.0)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
-    for step, (got, want) in enumerate(zip(grads, ref_grads, strict=True)):
+    _same_grads(grads, ref_grads)
+    return model
+
+
+def _same_grads(grads, want_grads) -> None:
+    for step, (got, want) in enumerate(zip(grads, want_grads, strict=True)):
         assert got.keys() == want.keys()
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4,
                                        msg=lambda m, k=k, step=step: f"grad {k} step {step}: {m}")
-    return model
 
 
 @pytest.mark.dist_timeout(600)
@@ -91,12 +96,6 @@ def test_llama_fsdp_matches_pytorch_fully_shard(world) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-    def record(store):
-        def hook(model):
-            store.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                              else p.grad).clone() for n, p in model.named_parameters()})
-        return hook
-
     args = llama.ModelArgs()
     data = llama.batches(args, STEPS, batch=4)
     mesh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",))
@@ -107,13 +106,9 @@ def test_llama_fsdp_matches_pytorch_fully_shard(world) -> None:
         torch_fully_shard(layer, mesh=tmesh)
     torch_fully_shard(theirs, mesh=tmesh)
     their_grads, grads = [], []
-    want = example.train(theirs, data, mesh, grad_hook=record(their_grads), clip=1.0)
+    want = example.train(theirs, data, mesh, grad_hook=_recorder(their_grads), clip=1.0)
     dtensor.random.manual_seed(0)
     ours = example.build(args, mesh, False)
-    got = example.train(ours, data, mesh, grad_hook=record(grads), clip=1.0)
+    got = example.train(ours, data, mesh, grad_hook=_recorder(grads), clip=1.0)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
-    for step, (g, w) in enumerate(zip(grads, their_grads, strict=True)):
-        assert g.keys() == w.keys()
-        for k in w:
-            torch.testing.assert_close(g[k], w[k], atol=2e-5, rtol=1e-4,
-                                       msg=lambda m, k=k, step=step: f"grad {k} step {step}: {m}")
+    _same_grads(grads, their_grads)
