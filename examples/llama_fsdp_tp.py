@@ -53,8 +53,7 @@ def train(model, data, dp_mesh: DeviceMesh | None, *, lr=1e-2, grad_hook=None, o
     """AdamW steps on this data-parallel rank's share of each batch; returns
     every step's loss averaged over data parallel (FSDP reduces the gradients)."""
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, foreach=True)
-    rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
-    size = dp_mesh.size() if dp_mesh is not None else 1
+    rank, size = _dp_rank(dp_mesh), (dp_mesh.size() if dp_mesh is not None else 1)
     losses = []
     for tokens in data:
         tokens = tokens.chunk(size)[rank]
@@ -71,6 +70,17 @@ def train(model, data, dp_mesh: DeviceMesh | None, *, lr=1e-2, grad_hook=None, o
         local = loss.full_tensor() if isinstance(loss, DTensor) else loss
         losses.append(float(llama.dp_mean(local.detach(), dp_mesh)))
     return losses
+
+
+def _dp_rank(dp_mesh: DeviceMesh | None) -> int:
+    """This rank's share of the batch: its position on the data-parallel mesh,
+    replica-major on a 2-D HSDP mesh (the order FSDP's gradients average in)."""
+    if dp_mesh is None:
+        return 0
+    pos = 0
+    for axis, c in enumerate(dp_mesh.get_coordinate()):
+        pos = pos * dp_mesh.size(axis) + c
+    return pos
 
 
 def main() -> None:

@@ -249,7 +249,7 @@ def all_reduce_grads(model: nn.Module, dp_mesh: DeviceMesh) -> None:
 def dp_mean(x: torch.Tensor, dp_mesh: DeviceMesh | None) -> torch.Tensor:
     if dp_mesh is None or dp_mesh.size() == 1:
         return x
-    return DTensor.from_local(x, dp_mesh, [Partial("avg")]).full_tensor()
+    return DTensor.from_local(x, dp_mesh, [Partial("avg")] * dp_mesh.ndim).full_tensor()
 
 
 # Training ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Covers: dtensor/fsdp/ with examples/llama_fsdp_tp.py: the torchtitan-style
 Llama built on the meta device, sharded per block then at the root, trained with
-AdamW: FSDP on 2 and 4 ranks and FSDP over tensor parallelism (2 x 2, sequence
-parallel plan) give the single-device losses and gradients at every step."""
+AdamW: FSDP on 2 and 4 ranks, HSDP (2 x 2) and FSDP over tensor parallelism
+(2 x 2, sequence parallel plan) give the single-device losses and gradients at
+every step, and FSDP gives PyTorch's ``fully_shard`` losses and gradients."""
 
 from __future__ import annotations
 
@@ -84,6 +85,19 @@ def test_llama_fsdp_over_tensor_parallel_trains_like_single_device(world) -> Non
     assert wq.placements == (Shard(0), Shard(0))
     assert model.layers["0"].attention.wo.weight.placements == (Shard(1), Shard(0))
     assert model.norm.weight.placements == (Replicate(), Shard(0))
+
+
+@pytest.mark.slow
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(4)
+def test_llama_hsdp_trains_like_single_device(world) -> None:
+    # HSDP: parameters sharded over "shard", replicated over "replicate";
+    # each of the 4 ranks trains on its quarter of the batch (replica-major).
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("replicate", "shard"))
+    model = _check(mesh, mesh, False)
+    wq = model.layers["0"].attention.wq.weight
+    assert wq.device_mesh.mesh_dim_names == ("replicate", "shard")
+    assert wq.placements == (Replicate(), Shard(0))
 
 
 @pytest.mark.dist_timeout(600)
