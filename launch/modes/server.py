@@ -47,6 +47,8 @@ class Server:
         self.config = config
         self.items: dict[str, pytest.Item] = {}
         self.seq = 0
+        self.done = 0  # the last test agreed on here
+        self.planned: dict[int, str] = {}  # seq -> node id, for the tests sent and not done
 
     def pytest_configure(self, config: pytest.Config) -> None:
         # NOTE: the log opens first, with stack dumps on a fatal signal and on
@@ -67,6 +69,7 @@ class Server:
         side = store_client(host, int(port), prefix)
         print("launch: joined the process group; collecting", file=self.log)
         self.core = RankCore(config, self.store, side, self.log, self._on_fatal)
+        self.core.watchdog.pending = self._pending
         drop_junitxml(config)
 
     @pytest.hookimpl(tryfirst=True)
@@ -86,10 +89,27 @@ class Server:
             cmd = json.loads(self.store.get(f"cmd/{self.seq + 1}"))
             if cmd.get("stop"):
                 break
+            for j, (nodeid, _) in enumerate(cmd["tests"], start=self.seq + 1):
+                self.planned[j] = nodeid
             for nodeid, nxt in cmd["tests"]:
                 self.seq += 1
                 self._one(nodeid, nxt, self.seq)
         return True
+
+    def _pending(self) -> tuple[str, pytest.Item | None] | None:
+        """(key, item) of the test this rank runs next, if the parent sent it
+        (the watchdog thread calls this, so it reads through its own store)."""
+        k = self.done + 1
+        nodeid = self.planned.get(k)
+        if nodeid is None:
+            side = self.core.watchdog.store
+            if not side.check([f"cmd/{k}"]):
+                return None
+            tests = json.loads(side.get(f"cmd/{k}")).get("tests")
+            if not tests:
+                return None
+            nodeid = tests[0][0]
+        return str(k), self.items.get(nodeid)
 
     def _one(self, nodeid: str, nxt: str | None, seq: int) -> None:
         item = self.items.get(nodeid)
@@ -100,6 +120,8 @@ class Server:
         # parent agrees from the verdicts by itself.
         publish = (lambda reps: self._send(self.store, seq, reps)) if self.core.rank == 0 else None
         reports = self.core.run(item, nodeid, nextitem, str(seq), self.core.size, publish)
+        self.done = seq
+        self.planned.pop(seq, None)
         if item is not None:
             for rep in reports:
                 item.ihook.pytest_runtest_logreport(report=rep)

@@ -97,6 +97,10 @@ class Watchdog:
         self._phase = "idle"  # idle | test | agree
         self._pids: dict[int, str | None] = {}  # rank -> pid on this host (None: elsewhere)
         self.fired = False
+        # ``pending() -> (key, item) | None``: the test this rank runs next, for
+        # a fault while it is between tests (server mode: a peer may already
+        # be in that test, so the fault belongs to it, not to "no test").
+        self.pending: Callable[[], tuple[str, Any] | None] | None = None
         # Set before on_fatal runs: the world was stopped from outside (SIGINT,
         # or SIGTERM while every rank still lives), not broken by a fault.
         self.interrupted: str | None = None
@@ -211,6 +215,10 @@ class Watchdog:
             ran = time.monotonic() - self._armed_at
         code = 1
         try:
+            if key is None and self.pending is not None:
+                nxt = self.pending()
+                if nxt is not None:
+                    (key, item), ran = nxt, None
             frame = sys._current_frames().get(self._main)
             info = where(frame) if frame is not None else {}
             info.update(phase=phase, reason=reason)

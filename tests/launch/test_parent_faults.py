@@ -144,3 +144,37 @@ def test_xdist_workers_launch_separate_worlds(child) -> None:
 import pytest  # noqa: E402
 
 pytestmark = pytest.mark.slow  # black-box worlds with faults: the full run, not the quick tier
+
+
+LINGER = '''
+import os, time
+import pytest, torch, torch.distributed as dist
+
+class Linger:
+    """Rank 0 stays between tests (after test_a's report) for 3 s."""
+    def pytest_runtest_logfinish(self, nodeid, location):
+        if nodeid.endswith("test_a"):
+            time.sleep(3)
+
+@pytest.mark.world_size(2)
+def test_a(world, request):
+    if world.rank == 0:
+        request.config.pluginmanager.register(Linger(), "linger")
+
+@pytest.mark.world_size(2)
+def test_b(world):
+    if world.rank == 1:
+        os._exit(1)
+    t = torch.ones(1); dist.all_reduce(t, group=world.group)
+'''
+
+
+def test_a_death_while_rank0_is_between_tests_is_the_next_tests(child) -> None:
+    # Rank 1 dies in test_b while rank 0 has not started it yet: the report
+    # still names test_b, the dead rank and where rank 0 was.
+    c = child({"test_suite.py": LINGER}, "-m", "pytest", "-q", "--junitxml=junit.xml",
+              "test_suite.py")
+    assert c.outcomes == {"test_a": "passed", "test_b": "failed"}, c.out
+    assert "during test_suite.py::test_b" in c.out, c.out
+    assert "dead ranks: 1" in c.out and "rank 1: DIED during test_suite.py::test_b" in c.out, c.out
+    assert "rank 0: between tests" in c.out, c.out
