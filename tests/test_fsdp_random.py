@@ -1,5 +1,5 @@
 """Covers: dtensor/fsdp/rng.py (random ops on plain tensors inside an FSDP
-forward): a model with nn.Dropout and torch.randn_like in its FSDP blocks,
+forward): a model with nn.Dropout (or only F.dropout) and torch.randn_like in its FSDP blocks,
 trained with FSDP on 2 and 4 ranks (uneven batches, rows of the flattened
 batch x sequence) and with HSDP on 2x2, gives the losses and gradients of
 single-device training with dtensor's generator at every step."""
@@ -22,10 +22,11 @@ BATCH, SEQ = 7, 3  # 7 rows: 4 + 3 on 2 ranks, 2 + 2 + 2 + 1 on 4
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, single_device: bool) -> None:
+    def __init__(self, dim: int, single_device: bool, functional: bool) -> None:
         super().__init__()
         self.lin = nn.Linear(dim, dim)
-        self.drop = nn.Dropout(0.3)
+        # functional: no dropout module anywhere in the model, only F.dropout
+        self.drop = (lambda h: F.dropout(h, 0.3, self.training)) if functional else nn.Dropout(0.3)
         self.single_device = single_device
 
     def forward(self, x):
@@ -42,9 +43,9 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, single_device: bool = False) -> None:
+    def __init__(self, single_device: bool = False, functional: bool = False) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList([Block(6, single_device) for _ in range(2)])
+        self.blocks = nn.ModuleList([Block(6, single_device, functional) for _ in range(2)])
         self.out = nn.Linear(6, 2)
 
     def forward(self, x):
@@ -76,10 +77,10 @@ def _run(model, mesh, rank: int, size: int):
     return losses, grads
 
 
-def _check(mesh, rank: int, size: int) -> None:
+def _check(mesh, rank: int, size: int, functional: bool = False) -> None:
     torch.manual_seed(0)
     ref = Net(single_device=True)
-    model = Net()
+    model = Net(functional=functional)
     model.load_state_dict(ref.state_dict())
     for b in model.blocks:
         fully_shard(b, mesh=mesh)
@@ -98,6 +99,12 @@ def _check(mesh, rank: int, size: int) -> None:
 def test_dropout_under_fsdp_trains_like_single_device(world, n) -> None:
     mesh = DeviceMesh("cpu", list(range(n)))
     _check(mesh, world.rank, n)
+
+
+@pytest.mark.world_size(2)
+def test_functional_dropout_alone_under_fsdp_trains_like_single_device(world) -> None:
+    # no dropout module: the first training forward finds the draws
+    _check(DeviceMesh("cpu", [0, 1]), world.rank, 2, functional=True)
 
 
 @pytest.mark.world_size(4)
@@ -126,8 +133,9 @@ def test_a_draw_without_batch_major_rows_is_refused(world) -> None:
 
 
 @pytest.mark.world_size(2)
-def test_draws_are_routed_only_for_training_models_with_dropout(world) -> None:
-    """Models without dropout (and eval forwards) run without the interception."""
+def test_draws_are_routed_only_for_training_models_that_draw(world) -> None:
+    """Models that draw nothing run without the interception after their first
+    training forward (which finds that out); eval forwards never have it."""
     from dtensor.fsdp.rng import DataParallelRandom
 
     seen = []
@@ -142,7 +150,11 @@ def test_draws_are_routed_only_for_training_models_with_dropout(world) -> None:
     plain = fully_shard(nn.Sequential(nn.Linear(4, 4), Probe()), mesh=mesh)
     dropping = fully_shard(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), Probe()), mesh=mesh)
     plain(torch.ones(2, 4))
+    plain(torch.ones(2, 4))
+    dropping(torch.ones(2, 4))
     dropping(torch.ones(2, 4))
     dropping.eval()
     dropping(torch.ones(2, 4))
-    assert seen == [False, True, False]
+    plain.eval()
+    plain(torch.ones(2, 4))
+    assert seen == [True, False, True, True, False, False]

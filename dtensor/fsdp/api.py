@@ -48,7 +48,7 @@ class _State:
         self.is_last_backward = True
         self.is_root = True  # until a fully_shard call above takes this module in
         self.random: DataParallelRandom | None = None  # the root's, during its forward
-        self.has_dropout: bool | None = None
+        self.routes_draws: bool | None = None  # None until the first training forward
 
 
 class FSDPModule:
@@ -208,7 +208,7 @@ def _in_backward() -> bool:
 
 def _pre_forward(module, args, kwargs):
     state: _State = module._fsdp_state
-    if state.is_root and state.random is None and module.training and _has_dropout(module):
+    if state.is_root and state.random is None and module.training and _routes_draws(module):
         first = next((t for t in tree_flatten((args, kwargs))[0]
                       if isinstance(t, torch.Tensor) and t.dim() > 0), None)
         state.random = DataParallelRandom(state.mesh, None if first is None else first.shape[0])
@@ -236,21 +236,27 @@ def _post_forward(module, args, output):
     return output
 
 
-def _has_dropout(module) -> bool:
-    """Whether the model holds a dropout module (decided at its first forward):
-    only then do its training forwards route draws through
-    ``DataParallelRandom``, which sees every torch call of the forward (a
-    Python call each), so models without dropout pay nothing."""
+def _routes_draws(module) -> bool:
+    """Whether this training forward routes draws through ``DataParallelRandom``.
+
+    The mode sees every torch call of the forward (a Python call each, ~10 %
+    of a step), so it stays on only for models that draw: those holding a
+    dropout module, and those whose first training forward called a routed
+    op (``F.dropout``, ``rand_like``, ``randn_like``) on a plain tensor; that
+    first forward always runs routed, to find out."""
     state: _State = module._fsdp_state
-    if state.has_dropout is None:
-        state.has_dropout = any(isinstance(m, _DropoutNd) and m.p > 0 for m in module.modules())
-    return state.has_dropout
+    if state.routes_draws is None and any(
+            isinstance(m, _DropoutNd) and m.p > 0 for m in module.modules()):
+        state.routes_draws = True
+    return state.routes_draws is not False
 
 
 def _end_random(module, args, output):
     state: _State = module._fsdp_state
     if state.random is not None:
         state.random.__exit__(None, None, None)
+        if state.routes_draws is None:  # the first training forward decides
+            state.routes_draws = state.random.drew
         state.random = None
 
 

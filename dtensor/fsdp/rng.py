@@ -2,13 +2,15 @@
 
 Under FSDP each data-parallel rank runs the model on its rows of the batch,
 as plain tensors. While the root ``FSDPModule``'s forward runs in training
-mode, in a model that holds a dropout module (``nn.Dropout`` or another
-``_DropoutNd`` with ``p > 0``), dropout (``F.dropout``, ``nn.Dropout``),
-``torch.rand_like`` and ``torch.randn_like`` on a plain tensor draw from dtensor's generator as this rank's block of the
-draw for the whole batch: the global tensor is every data-parallel rank's
+mode, dropout (``F.dropout``, ``nn.Dropout``), ``torch.rand_like`` and
+``torch.randn_like`` on a plain tensor draw from dtensor's generator as this
+rank's block of the draw for the whole batch: the global tensor is every data-parallel rank's
 tensor concatenated along dim 0, in rank order (HSDP: replica-major). So the
 masks are the ones ``dtensor.random.dropout`` gives the whole batch on one
-device, and training with dropout equals single-device training.
+device, and training with dropout equals single-device training. The
+routing stays on for models that hold a dropout module (``_DropoutNd`` with
+``p > 0``) or whose first training forward drew through one of these ops;
+other models run later forwards without it.
 
 The local batch is dim 0 of the root forward's first tensor argument; the
 first random op of a forward all-gathers it over the data-parallel ranks
@@ -49,12 +51,14 @@ class DataParallelRandom(TorchFunctionMode):
         self.mesh = mesh
         self.local_batch = local_batch
         self.rows: tuple[int, int] | None = None  # (rows before this rank, total rows)
+        self.drew = False  # a routed op ran on a plain tensor
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else kwargs.get("input")
         if func not in _OPS or not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
             return func(*args, **kwargs)
+        self.drew = True
         return _OPS[func](self, *args, **kwargs)
 
     def block(self, t: torch.Tensor, op: str):
