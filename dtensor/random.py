@@ -274,9 +274,16 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     Same arithmetic as ATen's CPU dropout (``noise = bernoulli(1 - p) / (1 - p)``,
     ``x * noise``), which is what ``F.dropout`` on a DTensor decomposes into, so
     the two agree bit for bit. Consumes an offset only when it draws (like torch:
-    nothing in eval, for ``p`` of 0 or 1, or for empty tensors).
+    nothing in eval, for ``p`` of 0 or 1, or for empty tensors). Inside the
+    forward of a ``dtensor.fsdp`` root module, ``x`` is this rank's rows of the
+    batch and gets those rows of the whole batch's mask.
     """
     _threshold(float(p), "dropout")
+    if training and any(getattr(m, "draws_batch_rows", False)
+                        for m in torch.overrides._get_current_function_mode_stack()):
+        # Inside an FSDP forward x is this rank's rows of the batch; the mode
+        # (dtensor.fsdp.rng) draws them as rows of the whole batch's mask.
+        return torch.nn.functional.dropout(x, p, training)
     if not training or p == 0.0 or x.numel() == 0:
         return x
     if p == 1.0:

@@ -40,8 +40,8 @@ def _recorder(store: list):
     return hook
 
 
-def _check(mesh, dp_mesh, tp: bool, **kw):
-    args = llama.ModelArgs()
+def _check(mesh, dp_mesh, tp: bool, dropout: float = 0.0, **kw):
+    args = llama.ModelArgs(dropout=dropout)
     data = llama.batches(args, STEPS, batch=4)
     ref_grads, grads = [], []
     dtensor.random.manual_seed(0)
@@ -85,6 +85,24 @@ def test_llama_fsdp_over_tensor_parallel_trains_like_single_device(world) -> Non
     assert wq.placements == (Shard(0), Shard(0))
     assert model.layers["0"].attention.wo.weight.placements == (Shard(1), Shard(0))
     assert model.norm.weight.placements == (Replicate(), Shard(0))
+
+
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(2)
+def test_llama_fsdp_with_dropout_trains_like_single_device(world) -> None:
+    # each rank's masks are its rows of the whole batch's single-device masks
+    mesh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",))
+    _check(mesh, mesh, False, dropout=0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(4)
+def test_llama_fsdp_over_tensor_parallel_with_dropout_trains_like_single_device(world) -> None:
+    # sequence-parallel dropout draws on DTensors of the tp axis: their blocks
+    # move down by the rows of the data-parallel ranks before this one
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    _check(mesh, mesh["dp"], True, dropout=0.1)
 
 
 @pytest.mark.slow

@@ -16,7 +16,12 @@ The local batch is dim 0 of the root forward's first tensor argument; the
 first random op of a forward all-gathers it over the data-parallel ranks
 (one 8-byte collective per forward, none without random ops). A plain tensor
 whose dim 0 is ``k`` times the local batch is ``k`` rows per sample (batch
-major, e.g. ``(batch * seq, dim)``); DTensor operands keep their own rules.
+major, e.g. ``(batch * seq, dim)``). Under FSDP + TP, a DTensor on another
+mesh (a tensor-parallel activation, e.g. sequence-parallel dropout's input)
+holds this rank's rows the same way: its block of the draw moves down by
+the rows of the data-parallel ranks before this one. Partial DTensors and
+interleaved (``StridedShard``) rows keep the DTensor rules.
+``dtensor.random.dropout`` on a plain tensor defers to this mode too.
 
 Example:
     >>> fully_shard(model, mesh=mesh)          # model holds nn.Dropout(0.1)
@@ -29,8 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from dtensor import _comm
-from dtensor import random as drandom
+from dtensor import _comm, _seeding
 from dtensor._random_blocks import (
     _threshold,
     bernoulli_block,
@@ -38,6 +42,8 @@ from dtensor._random_blocks import (
     uniform_block,
 )
 from dtensor.fsdp.errors import FSDPError
+from dtensor.spec import TensorMeta
+from dtensor.strided import has_strided
 from dtensor.tensor import DTensor
 
 __all__ = ["DataParallelRandom"]
@@ -53,13 +59,33 @@ class DataParallelRandom(TorchFunctionMode):
         self.rows: tuple[int, int] | None = None  # (rows before this rank, total rows)
         self.drew = False  # a routed op ran on a plain tensor
 
+    draws_batch_rows = True  # dtensor.random.dropout defers to this mode
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else kwargs.get("input")
-        if func not in _OPS or not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
+        if func not in _OPS or not isinstance(x, torch.Tensor) or not _rows_of_batch(x, self):
             return func(*args, **kwargs)
         self.drew = True
         return _OPS[func](self, *args, **kwargs)
+
+    def draw_block(self, t: torch.Tensor, op: str):
+        """(global shape, offset, local shape) of ``t``'s piece of the whole
+        batch's draw; None when the batch is empty (no rank draws), ``_OUTSIDE``
+        on a rank outside a DTensor's mesh (it takes the offset only). A DTensor (tensor
+        parallel activations of this rank's rows) contributes its own block,
+        moved down by the rows of the data-parallel ranks before this one."""
+        where = self.block(t, op)
+        if where is None:
+            return None
+        gshape, (base, *_) = where
+        if not isinstance(t, DTensor):
+            return gshape, (base,) + (0,) * (t.dim() - 1), tuple(t.shape)
+        coord = t._spec.mesh.get_coordinate()
+        if coord is None:
+            return _OUTSIDE
+        shape, start = t._spec.local_block(coord)
+        return gshape, (start[0] + base, *start[1:]), tuple(shape)
 
     def block(self, t: torch.Tensor, op: str):
         """(global shape, local offset) of ``t`` as its rank's rows of the batch;
@@ -87,6 +113,20 @@ class DataParallelRandom(TorchFunctionMode):
         return (total * k, *t.shape[1:]), (before * k,) + (0,) * (t.dim() - 1)
 
 
+_OUTSIDE = ("outside",)
+
+
+def _rows_of_batch(x: torch.Tensor, mode: DataParallelRandom) -> bool:
+    """Plain tensors are; so are DTensors on meshes apart from the
+    data-parallel one (FSDP + TP) whose blocks are plain rectangles: not
+    partial (its draws follow the DTensor rules), not interleaved rows."""
+    if not isinstance(x, DTensor):
+        return True
+    spec = x._spec
+    return (spec.mesh is not mode.mesh and not spec.has_partial()
+            and not has_strided(spec.placements) and x.dim() > 0)
+
+
 def _gather_rows(mesh, local_batch: int) -> tuple[int, int]:
     """(rows of the data-parallel ranks before this one, rows of all of them)."""
     sizes = torch.tensor([local_batch], dtype=torch.int64)
@@ -106,32 +146,45 @@ def _dropout(mode: DataParallelRandom, input, p=0.5, training=True, inplace=Fals
         return input
     if p == 1.0:
         return input.mul_(0.0) if inplace else input * torch.zeros((), dtype=input.dtype)
-    where = mode.block(input, "dropout")
+    where = mode.draw_block(input, "dropout")
     if where is None:
         return input
-    gshape, offset = where
-    st, off = drandom.get_rng_state(), drandom.next_offset()  # every rank, even if empty
+    seed, off = _seeding.take()  # every rank, even one with no rows
+    if where is _OUTSIDE:
+        return input
     keep = 1.0 - p
-    noise = bernoulli_block(st.seed, off, gshape, offset, tuple(input.shape), p=keep,
-                            dtype=input.dtype, device=input.device)
-    noise.div_(keep)
+    noise = bernoulli_block(seed, off, *where, p=keep, dtype=input.dtype,
+                            device=_local(input).device)
+    noise = _like_input(noise.div_(keep), input)
     return input.mul_(noise) if inplace else input * noise
 
 
 def _like(kind, name: str):
     def draw(mode: DataParallelRandom, input, *, dtype=None, device=None, **kwargs):
         dtype = dtype or input.dtype
-        device = device or input.device
-        where = mode.block(input, name)
-        if where is None:
+        device = device or _local(input).device
+        where = mode.draw_block(input, name)
+        if where is not None:
+            seed, off = _seeding.take()
+        if where is None or where is _OUTSIDE:
             return torch.empty_like(input, dtype=dtype, device=device)
-        gshape, offset = where
-        st, off = drandom.get_rng_state(), drandom.next_offset()
-        out = kind(st.seed, off, gshape, offset, tuple(input.shape), dtype=dtype,
-                   device=device)
+        out = _like_input(kind(seed, off, *where, dtype=dtype, device=device), input)
         return out.requires_grad_(bool(kwargs.get("requires_grad", False)))
 
     return draw
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _like_input(block: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``block`` as ``like`` holds it: a DTensor of ``like``'s layout (its
+    global shape and placements) when ``like`` is one."""
+    if not isinstance(like, DTensor):
+        return block
+    spec = like._spec
+    return DTensor(block, spec.with_meta(TensorMeta(spec.shape, spec.stride, block.dtype)))
 
 
 _OPS = {
