@@ -4,13 +4,14 @@ alone or over tensor parallelism (torchtitan's 2-D layout).
     torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py          # dp 2 x tp 2
     torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py --no-tp  # FSDP on 4
     torchrun --nproc_per_node=2 examples/llama_fsdp_tp.py --no-tp  # FSDP on 2
+    torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py --dropout 0.1
 
 The model is built on the meta device; with TP it is first parallelized on
 ``mesh["tp"]`` (sequence parallel plan), then every transformer block and
 the root get ``fully_shard(..., mesh=mesh["dp"])``; ``to_empty`` and
 ``init_weights`` give the single-device initial values. Each data-parallel
-rank trains on its share of the batch; the script prints the losses beside a
-single-device run's.
+rank trains on its share of the batch (dropout masks are its rows of the
+whole batch's); the script prints the losses beside a single-device run's.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-tp", action="store_true", help="FSDP over every rank, no TP")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout in every block (masks equal to single device's)")
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tp = not a.no_tp and world % 2 == 0 and world > 2
@@ -95,7 +98,7 @@ def main() -> None:
         dp_mesh = mesh["dp"]
     else:
         mesh = dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-    args = llama.ModelArgs()
+    args = llama.ModelArgs(dropout=a.dropout)
     data = llama.batches(args, a.steps, batch=4)
     llama.dtensor.random.manual_seed(0)
     ref = llama.build_reference(args)
@@ -105,7 +108,7 @@ def main() -> None:
     losses = train(model, data, dp_mesh)
     if mesh.get_rank() == 0:
         print(f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True))}, "
-              f"{'FSDP + TP (sequence parallel)' if tp else 'FSDP'}")
+              f"{'FSDP + TP (sequence parallel)' if tp else 'FSDP'}, dropout {args.dropout}")
         for step, (x, y) in enumerate(zip(losses, ref_losses, strict=True)):
             print(f"step {step:2d}  loss {x:.6f}  single-device {y:.6f}")
     worst = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(losses, ref_losses, strict=True))
