@@ -7,6 +7,7 @@ every step, and FSDP gives PyTorch's ``fully_shard`` losses and gradients."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import pathlib
 import sys
 
@@ -119,10 +120,14 @@ def test_llama_hsdp_trains_like_single_device(world) -> None:
 
 
 @pytest.mark.dist_timeout(600)
-@pytest.mark.world_size(2)
-def test_llama_fsdp_matches_pytorch_fully_shard(world) -> None:
+@pytest.mark.parametrize("shape", [
+    pytest.param((2,), marks=pytest.mark.world_size(2), id="fsdp2"),
+    pytest.param((2, 2), marks=[pytest.mark.world_size(4), pytest.mark.slow], id="hsdp2x2"),
+])
+def test_llama_fsdp_matches_pytorch_fully_shard(world, shape) -> None:
     # The same Llama, seed and batches under PyTorch's fully_shard on its own
-    # DTensor: losses and every step's gradients agree with ours.
+    # DTensor (FSDP, and HSDP on a 2-D mesh): losses and every step's
+    # gradients agree with ours.
     import copy
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -130,10 +135,12 @@ def test_llama_fsdp_matches_pytorch_fully_shard(world) -> None:
 
     args = llama.ModelArgs()
     data = llama.batches(args, STEPS, batch=4)
-    mesh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",))
+    names = ("replicate", "dp")[-len(shape):]
+    mesh = DeviceMesh("cpu", torch.arange(math.prod(shape)).view(shape).tolist(),
+                      mesh_dim_names=names)
     dtensor.random.manual_seed(0)
     theirs = copy.deepcopy(llama.build_reference(args))
-    tmesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    tmesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     for layer in theirs.layers.values():
         torch_fully_shard(layer, mesh=tmesh)
     torch_fully_shard(theirs, mesh=tmesh)
