@@ -13,10 +13,9 @@ _NO_RULE = ("no rule yet: the replicate fallback gathers inputs that PyTorch's "
             "rule keeps sharded (or partial)")
 _REASONS: dict[str, tuple[str, ...]] = {
     _NO_RULE: (
-        "cross", "linalg.cross", "nn.functional.max_unpool",
-        "index_add", "index_copy", "index_fill", "index_put", "isin", "kron", "repeat",
+        "nn.functional.max_unpool",
+        "index_add", "index_copy", "index_fill", "index_put", "kron",
         "linalg.pinv", "native_batch_norm", "nn.functional.batch_norm",
-        "fmax", "fmin",
     ),
     "losses on mixed layouts or Partial inputs: triplet losses with an S(1) anchor "
     "beside S(0) operands gather the difference where PyTorch reduce-scatters norm "

@@ -200,6 +200,21 @@ def _extreme_dims_layout(spec, dims: tuple[int, ...], keepdim: bool):
     return axes, tuple(want), tuple(out)
 
 
+def _own_pieces(spec, dims: tuple[int, ...], keepdim: bool, how: str):
+    """``amax`` of ``Partial("max")`` pieces (``amin`` of ``"min"``) over
+    unsharded dims: the pieces' extremes are pieces of the extreme, so they
+    stay pieces and nothing moves (shards of the other dims kept). None
+    otherwise."""
+    own = Partial(how)
+    if own not in spec.placements or any(
+            (p.is_partial() and p != own) or (isinstance(p, Shard) and p.dim in dims)
+            for p in spec.placements):
+        return None
+    out = tuple(reduced_shard(p, dims, keepdim) if isinstance(p, Shard) else p
+                for p in spec.placements)
+    return Sharding((spec.placements,), (out,), shapes=(_out_shape(spec.shape, dims, keepdim),))
+
+
 def _out_shape(shape, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     return tuple(1 if d in dims else n for d, n in enumerate(shape) if keepdim or d not in dims)
 
@@ -217,11 +232,14 @@ def extreme_dims_rule(call):
     a = bind(call)
     dims = _reduced_dims(a.get("dim", None), spec.ndim)
     keepdim = bool(a.get("keepdim") or False)
+    how = "max" if call.func is aten.amax.default else "min"
+    kept = _own_pieces(spec, dims, keepdim, how)
+    if kept is not None:
+        return kept
     layout = _extreme_dims_layout(spec, dims, keepdim)
     if layout is None:
         return _OTHER(call)
     axes, want, out = layout
-    how = "max" if call.func is aten.amax.default else "min"
     return Sharding((want,), (out,), local=_dims_extreme_local(how, dims, keepdim, axes),
                     shapes=(_out_shape(spec.shape, dims, keepdim),))
 

@@ -48,8 +48,10 @@ _SCALING = {
 }
 
 
-# Max/min of pieces and replicated values: max_i max(a_i, b) = max(max_i a_i, b).
+# Max/min of pieces and replicated values: max_i max(a_i, b) = max(max_i a_i, b)
+# (fmax/fmin too: they differ from maximum/minimum only where a value is NaN).
 _EXTREMUM = {aten.maximum.default: "max", aten.minimum.default: "min",
+             aten.fmax.default: "max", aten.fmin.default: "min",
              aten.clamp_min.Tensor: "max", aten.clamp_max.Tensor: "min"}
 # Monotone non-decreasing in their one tensor operand: f(max_i a_i) = max_i f(a_i)
 # (and min), so Partial("max")/Partial("min") pieces pass through.

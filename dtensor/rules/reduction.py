@@ -211,4 +211,5 @@ RULES: dict = {
     aten.logcumsumexp.default: along_dim_rule,
     aten.cumprod.default: along_dim_rule,
     aten.cumsum.default: linear_along_dim_rule,
+    aten.linalg_cross.default: along_dim_rule,  # 3-vectors along dim: whole there
 }

@@ -126,7 +126,19 @@ def _partial_keeps_zero(call):
     return Sharding((None,), (spec.placements,))
 
 
+def isin_rule(call):
+    """``isin(elements, test_elements)``: a per-element membership test, so
+    the elements keep their shards (pieces reduced first: membership of a
+    piece says nothing) and the test set is made whole."""
+    elements = call.specs[0]
+    want = partial_to_replicate(elements.placements)
+    rest = (replicated(elements.mesh),) * (len(call.specs) - 1)
+    return Sharding((want, *rest), (want,))
+
+
 RULES: dict = {
+    aten.isin.Tensor_Tensor: isin_rule,
+    aten.isin.Tensor_Scalar: isin_rule,
     aten.copy_.default: copy_rule,
     aten._to_copy.default: to_copy_rule,
     aten.empty_like.default: like_rule,

@@ -229,6 +229,17 @@ def expand_rule(call):
     return Sharding((want,), (out,), local=_view_local)
 
 
+def repeat_rule(call):
+    """``repeat``: a dim repeated once keeps its shard (moved right by the new
+    leading dims); a dim tiled more than once is gathered first. Every rank
+    tiles its own block by the same counts."""
+    (spec,) = call.specs
+    reps = list(bind(call)["repeats"])
+    lead = len(reps) - spec.ndim
+    want, out = _map_dims(spec, lambda d: d + lead if reps[d + lead] == 1 else None)
+    return Sharding((want,), (out,))
+
+
 # slice / select / split / unbind -----------------------------------------------------
 def slice_rule(call):
     (spec,) = call.specs
@@ -302,6 +313,7 @@ RULES: dict = {
     aten.squeeze.dim: squeeze_rule,
     aten.squeeze.dims: squeeze_rule,
     aten.expand.default: expand_rule,
+    aten.repeat.default: repeat_rule,
     aten.slice.Tensor: slice_rule,
     aten.narrow_copy.default: narrow_copy_rule,
     aten.select.int: drop_dim_rule,

@@ -79,6 +79,8 @@ NO_SCHEMA_CALL = {
     "is 4); covered by tests/test_comm_audit_spatial_dist.py",
     "aten.grid_sampler_3d.default": "grid's last dim must be 3 (every schema-call side "
     "is 4); covered by tests/test_comm_audit_spatial_dist.py",
+    "aten.linalg_cross.default": "the crossed dim must be 3 (every schema-call side "
+    "is 4); covered by tests/test_comm_audit_misc_dist.py",
 }
 #: Reasons for kinds named per operand or keyword (prefix or suffix match).
 _PATTERN_REASONS = (
