@@ -3,8 +3,10 @@ PyTorch's DTensor, as the communication audit (bench/comm_audit.py) counts
 it: the op plus making its result a full tensor, 2-rank Gloo world. Pieces
 of a max/min must be reduced before a product; onto a shard of the
 contracted dim (reduce-scatter) where the output is small, replicated
-(all-reduce) where it is large. Ours must send no more wire bytes (for
-equal bytes, no more collectives) than PyTorch's and equal single device.
+(all-reduce) where it is large. A bias counts what it must move to the
+output's layout, so products with a bias keep the output where the bias
+already is. Ours must send no more wire bytes (for equal bytes, no more
+collectives) than PyTorch's and equal single device.
 """
 
 from __future__ import annotations
@@ -26,3 +28,20 @@ def test_products_of_max_min_pieces_reduce_onto_the_cheaper_layout(
     fn = getattr(torch, name)
     _check_no_more_than_torch(world, fn, [(layouts[0], _pieces(sa, 90)),
                                           (layouts[1], _pieces(sb, 91))])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize(("name", "shapes", "layouts"), [
+    ("addmm", ((4, 6), (4, 5), (5, 6)), ("S1", "S0", "S1")),
+    ("addmm", ((4, 6), (4, 5), (5, 6)), ("S0", "S1", "R")),
+    ("addr", ((5, 10), (5,), (10,)), ("S0", "R", "S0")),
+    ("addr", ((5, 10), (5,), (10,)), ("S1", "S0", "R")),
+    ("baddbmm", ((4, 5, 6), (4, 5, 3), (4, 3, 6)), ("S0", "S2", "R")),
+    ("baddbmm", ((4, 5, 6), (4, 5, 3), (4, 3, 6)), ("S1", "R", "S1")),
+    ("baddbmm", ((4, 5, 6), (4, 5, 3), (4, 3, 6)), ("Psum", "R", "R")),
+])
+def test_products_with_a_bias_keep_the_bias_layout(world, name, shapes, layouts) -> None:
+    fn = getattr(torch, name)
+    _check_no_more_than_torch(world, fn, [(lay, _pieces(sh, 100 + i, 1 if lay[0] != "P" else 2))
+                                          for i, (lay, sh) in enumerate(zip(layouts, shapes,
+                                                                            strict=True))])

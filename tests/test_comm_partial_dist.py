@@ -168,3 +168,15 @@ def test_partial_on_three_flattened_axes_reduces_in_one_all_reduce(world) -> Non
         r = x.redistribute(mesh, [Replicate()] * 3)
     assert _counts(comm) == {"all_reduce": 1}, _counts(comm)
     torch.testing.assert_close(r.to_local(), sum(pieces), **TOL)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["sum", "max", "min"])
+def test_lazy_neg_view_of_pieces(world, kind) -> None:
+    # neg of a max's pieces is not the pieces of -max: those are reduced first;
+    # pieces of a sum stay pieces
+    mesh = DeviceMesh("cpu", [0, 1])
+    x, want = _pieces((4, 3), mesh, kind, seed=7)
+    y = torch.ops.aten._neg_view(x)
+    torch.testing.assert_close(y.full_tensor(), -want, **TOL)
+    assert (y.placements[0] == Partial("sum")) == (kind == "sum")

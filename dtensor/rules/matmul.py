@@ -42,7 +42,7 @@ def _cost(p, w, numel: int) -> float:
     return 0.01 * numel if isinstance(p, Replicate) else _INF
 
 
-def _candidates(la: str, lb: str, lo: str, pa, pb):
+def _candidates(la: str, lb: str, lo: str, pa, pb, pbias=None):
     yield Replicate(), Replicate(), Replicate()
     for i, letter in enumerate(lo):
         wa = Shard(la.index(letter)) if letter in la else Replicate()
@@ -55,6 +55,9 @@ def _candidates(la: str, lb: str, lo: str, pa, pb):
         yield pa, Replicate(), pa
     if is_linear_partial(pb):
         yield Replicate(), pb, pb
+    if is_linear_partial(pbias) and pbias not in (pa, pb):
+        # the bias's pieces kept: a replicated operand becomes pieces (local)
+        yield pbias, Replicate(), pbias
 
 
 def _extreme(p) -> bool:
@@ -78,15 +81,23 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) ->
     return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
 
 
-def _choose(la, lb, lo, a, b, out_shape, bias: bool):
+def _choose(la, lb, lo, a, b, out_shape, bias=None):
+    """Per mesh axis, the cheapest candidate; a bias (its spec) counts what
+    it must move to the output's layout too."""
     na, nb = math.prod(a.shape), math.prod(b.shape)
+    nbias = math.prod(bias.shape) if bias is not None else 0
     wa_all, wb_all, out = [], [], []
     for axis, (pa, pb) in enumerate(zip(a.placements, b.placements, strict=True)):
         best = None
-        ranks = None if bias else a.mesh.size(axis)
-        for wa, wb, o in _candidates(la, lb, lo, pa, pb):
+        ranks = None if bias is not None else a.mesh.size(axis)
+        pbias = bias.placements[axis] if bias is not None else None
+        for wa, wb, o in _candidates(la, lb, lo, pa, pb, pbias):
             c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
                 o, pa, pb, wa, wb, na, nb, out_shape, ranks)
+            if bias is not None:
+                wbias = shard_through_broadcast(o, bias.shape, out_shape) \
+                    if isinstance(o, Shard) else o
+                c += _cost(pbias, wbias, nbias)
             if best is None or c < best[0]:
                 best = (c, wa, wb, o)
         wa_all.append(best[1])
@@ -126,7 +137,7 @@ def einsum_rule(spec: str, bias: bool = False):
         fits = all(sizes.get(c, n) == n for c, n in zip(lb, b.shape, strict=True))
         sizes.update(zip(lb, b.shape, strict=True))
         out_shape = tuple(sizes[c] for c in lo)
-        wa, wb, out = _choose(la, lb, lo, a, b, out_shape, bias)
+        wa, wb, out = _choose(la, lb, lo, a, b, out_shape, specs[0] if bias else None)
         shapes = (out_shape,) if fits else None
         if not bias:
             return Sharding((wa, wb), (out,), shapes=shapes, any_strides=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor.placement import Shard, partial_to_replicate, replicated
+from dtensor.placement import Replicate, Shard, partial_to_replicate, replicated
 from dtensor.rules._util import bind, is_float, shard_through_broadcast
 from dtensor.sharding import Sharding
 
@@ -160,11 +160,14 @@ RULES: dict = {
 
 def _physical(fn):
     """Lazy conj/neg views: the local result is materialised (the wrapper
-    cannot carry the conj/neg bit), which gives the same values."""
+    cannot carry the conj/neg bit), which gives the same values. Pieces of a
+    max/min are reduced first (the negated pieces' max is not the negated max)."""
 
     def rule(call):
         (spec,) = call.specs
-        return Sharding((None,), (spec.placements,), local=lambda f, c, o, a, k: fn(a[0]))
+        want = tuple(Replicate() if p.is_partial() and not p.is_linear else p
+                     for p in spec.placements)
+        return Sharding((want,), (want,), local=lambda f, c, o, a, k: fn(a[0]))
 
     return rule
 
