@@ -29,10 +29,12 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     "products with Partial(sum/avg) of both operands (inner, outer, einsum: ours "
     "reduces one operand, PyTorch the smaller output) or mixed-layout operands "
-    "(vdot, linear), and embedding lookups with Partial(max/min) tables: not yet "
-    "analysed per sample": (
+    "(vdot, linear), bmm where gathering a small operand beats reducing the larger "
+    "partial output the audit makes full, addr with a 0-d bias (PyTorch computes "
+    "it replicated from the gathered vectors; ours keeps the output sharded), and "
+    "embedding lookups with Partial(max/min) tables": (
         "vdot", "inner", "outer", "einsum", "nn.functional.linear",
-        "nn.functional.embedding",
+        "nn.functional.embedding", "addr", "bmm",
     ),
     "Partial(max/min) operands: ours reduces each operand before the op, PyTorch "
     "one result (pieces through the op)": (
@@ -50,10 +52,10 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
 }
 _REASONS["not yet analysed per sample (Partial inputs of any; "
-         "addmm/bmm/addcmul families, scatter family, batch-norm variants, "
+         "addcmul family, scatter family, batch-norm variants, "
          "group norm with a sharded weight)"] = (
-    "_batch_norm_with_update", "_native_batch_norm_legit", "addcdiv", "addcmul", "addmm",
-    "addr", "any", "baddbmm", "bmm", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
+    "_batch_norm_with_update", "_native_batch_norm_legit", "addcdiv", "addcmul",
+    "any", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
 )
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
