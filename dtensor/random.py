@@ -279,12 +279,14 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     batch and gets those rows of the whole batch's mask.
     """
     _threshold(float(p), "dropout")
-    if training and any(getattr(m, "draws_batch_rows", False)
-                        for m in torch.overrides._get_current_function_mode_stack()):
+    if not training or p == 0.0:
+        return x
+    if any(getattr(m, "draws_batch_rows", False)
+           for m in torch.overrides._get_current_function_mode_stack()):
         # Inside an FSDP forward x is this rank's rows of the batch; the mode
         # (dtensor.fsdp.rng) draws them as rows of the whole batch's mask.
         return torch.nn.functional.dropout(x, p, training)
-    if not training or p == 0.0 or x.numel() == 0:
+    if x.numel() == 0:
         return x
     if p == 1.0:
         return x * torch.zeros((), dtype=x.dtype, device=x.device)

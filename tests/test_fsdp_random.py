@@ -158,3 +158,13 @@ def test_draws_are_routed_only_for_training_models_that_draw(world) -> None:
     plain.eval()
     plain(torch.ones(2, 4))
     assert seen == [True, False, True, True, False, False]
+
+    class NoDraw(nn.Module):  # dropout of p = 0 draws nothing (as in the example's Llama)
+        def forward(self, x):
+            return dtensor.random.dropout(F.dropout(x, 0.0, self.training), 0.0)
+
+    seen.clear()
+    zero = fully_shard(nn.Sequential(nn.Linear(4, 4), NoDraw(), Probe()), mesh=mesh)
+    zero(torch.ones(2, 4))
+    zero(torch.ones(2, 4))
+    assert seen == [True, False]

@@ -57,7 +57,7 @@ class DataParallelRandom(TorchFunctionMode):
         self.mesh = mesh
         self.local_batch = local_batch
         self.rows: tuple[int, int] | None = None  # (rows before this rank, total rows)
-        self.drew = False  # a routed op ran on a plain tensor
+        self.drew = False  # a routed op drew (dropout with 0 < p, or a *_like)
 
     draws_batch_rows = True  # dtensor.random.dropout defers to this mode
 
@@ -66,7 +66,6 @@ class DataParallelRandom(TorchFunctionMode):
         x = args[0] if args else kwargs.get("input")
         if func not in _OPS or not isinstance(x, torch.Tensor) or not _rows_of_batch(x, self):
             return func(*args, **kwargs)
-        self.drew = True
         return _OPS[func](self, *args, **kwargs)
 
     def draw_block(self, t: torch.Tensor, op: str):
@@ -144,6 +143,7 @@ def _dropout(mode: DataParallelRandom, input, p=0.5, training=True, inplace=Fals
     _threshold(float(p), "dropout")
     if not training or p == 0.0:
         return input
+    mode.drew = True
     if p == 1.0:
         return input.mul_(0.0) if inplace else input * torch.zeros((), dtype=input.dtype)
     where = mode.draw_block(input, "dropout")
@@ -161,6 +161,7 @@ def _dropout(mode: DataParallelRandom, input, p=0.5, training=True, inplace=Fals
 
 def _like(kind, name: str):
     def draw(mode: DataParallelRandom, input, *, dtype=None, device=None, **kwargs):
+        mode.drew = True
         dtype = dtype or input.dtype
         device = device or _local(input).device
         where = mode.draw_block(input, name)
