@@ -2,7 +2,9 @@
 Llama built on the meta device, sharded per block then at the root, trained with
 AdamW: FSDP on 2 and 4 ranks, HSDP (2 x 2) and FSDP over tensor parallelism
 (2 x 2, sequence parallel plan) give the single-device losses and gradients at
-every step, and FSDP gives PyTorch's ``fully_shard`` losses and gradients."""
+every step; FSDP, HSDP and FSDP over TP give the losses and gradients of the
+same example files run on PyTorch's DTensor, ``parallelize_module`` and
+``fully_shard`` (only their imports swapped)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,35 @@ def _load(name: str):
 
 llama = _load("llama_tp")
 example = _load("llama_fsdp_tp")
+
+# The same two example files on PyTorch's DTensor: only their imports change
+# (the project's drop-in claim), so PyTorch's parallelize_module, styles,
+# loss_parallel and fully_shard run the very model and training loop.
+_TORCH_IMPORTS = {
+    "from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, init_device_mesh":
+        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard\n"
+        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh",
+    "from dtensor.parallel import (":
+        "from torch.distributed.tensor.parallel import (",
+    "from dtensor import DeviceMesh, DTensor, init_device_mesh":
+        "from torch.distributed.tensor import DTensor\n"
+        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh",
+    "from dtensor.fsdp import fully_shard": "from torch.distributed.fsdp import fully_shard",
+    "from dtensor.parallel import loss_parallel":
+        "from torch.distributed.tensor.parallel import loss_parallel",
+    "import llama_tp as llama": "import torch_llama_tp as llama",
+}
+
+
+def _load_on_torch(name: str):
+    text = (_DIR / f"{name}.py").read_text()
+    for ours, theirs in _TORCH_IMPORTS.items():
+        text = text.replace(ours, theirs)
+    mod = type(sys)(f"torch_{name}")
+    mod.__file__ = str(_DIR / f"{name}.py")
+    sys.modules[mod.__name__] = mod
+    exec(compile(text, mod.__file__, "exec"), mod.__dict__)
+    return mod
 STEPS = 5
 
 
@@ -149,5 +180,38 @@ def test_llama_fsdp_matches_pytorch_fully_shard(world, shape) -> None:
     dtensor.random.manual_seed(0)
     ours = example.build(args, mesh, False)
     got = example.train(ours, data, mesh, grad_hook=_recorder(grads), clip=1.0)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    _same_grads(grads, their_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.dist_timeout(600)
+@pytest.mark.world_size(4)
+def test_llama_fsdp_over_tensor_parallel_matches_pytorch(world) -> None:
+    # FSDP + TP (2 x 2, sequence parallel plan) of the example, ours against the
+    # same files run on PyTorch's DTensor, parallelize_module and fully_shard:
+    # losses and every step's gradients agree.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    their_llama = _load_on_torch("llama_tp")
+    their_example = _load_on_torch("llama_fsdp_tp")
+    args = llama.ModelArgs()
+    data = llama.batches(args, STEPS, batch=4)
+    dtensor.random.manual_seed(0)
+    ref = llama.build_reference(args)
+    tmesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    theirs = their_llama.Transformer(args)
+    theirs.load_state_dict(ref.state_dict())
+    their_llama.parallelize(theirs, tmesh["tp"], True)
+    for layer in theirs.layers.values():
+        their_example.fully_shard(layer, mesh=tmesh["dp"])
+    their_example.fully_shard(theirs, mesh=tmesh["dp"])
+    their_grads, grads = [], []
+    want = their_example.train(theirs, data, tmesh["dp"], grad_hook=_recorder(their_grads),
+                               clip=1.0)
+    mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+    dtensor.random.manual_seed(0)
+    ours = example.build(args, mesh, True)
+    got = example.train(ours, data, mesh["dp"], grad_hook=_recorder(grads), clip=1.0)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     _same_grads(grads, their_grads)
