@@ -5,6 +5,7 @@ alone or over tensor parallelism (torchtitan's 2-D layout).
     torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py --no-tp  # FSDP on 4
     torchrun --nproc_per_node=2 examples/llama_fsdp_tp.py --no-tp  # FSDP on 2
     torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py --dropout 0.1
+    torchrun --nproc_per_node=4 examples/llama_fsdp_tp.py --hsdp   # replicate 2 x dp 2
 
 The model is built on the meta device; with TP it is first parallelized on
 ``mesh["tp"]`` (sequence parallel plan), then every transformer block and
@@ -88,14 +89,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-tp", action="store_true", help="FSDP over every rank, no TP")
+    ap.add_argument("--hsdp", action="store_true",
+                    help="HSDP, no TP: replicas of 2-rank FSDP groups")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="dropout in every block (masks equal to single device's)")
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    tp = not a.no_tp and world % 2 == 0 and world > 2
+    tp = not a.no_tp and not a.hsdp and world % 2 == 0 and world > 2
     if tp:
         mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
         dp_mesh = mesh["dp"]
+    elif a.hsdp and world % 2 == 0 and world > 2:
+        mesh = dp_mesh = init_device_mesh("cpu", (world // 2, 2),
+                                          mesh_dim_names=("replicate", "dp"))
     else:
         mesh = dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     args = llama.ModelArgs(dropout=a.dropout)
@@ -108,7 +114,8 @@ def main() -> None:
     losses = train(model, data, dp_mesh)
     if mesh.get_rank() == 0:
         print(f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True))}, "
-              f"{'FSDP + TP (sequence parallel)' if tp else 'FSDP'}, dropout {args.dropout}")
+              f"{'FSDP + TP (sequence parallel)' if tp else 'HSDP' if mesh.ndim == 2 else 'FSDP'}"
+              f", dropout {args.dropout}")
         for step, (x, y) in enumerate(zip(losses, ref_losses, strict=True)):
             print(f"step {step:2d}  loss {x:.6f}  single-device {y:.6f}")
     worst = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(losses, ref_losses, strict=True))
