@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,12 +61,7 @@ class BlockCase:
 
     def classes(self) -> set[str]:
         """The shape classes of the blocks the mesh's ranks hold."""
-        out = set()
-        for rank in self.layout.ranks:
-            coord = self.layout.coordinate_of(rank)
-            idx = reference_block(self.shape, self.layout.shape, self.placements, coord)
-            out.add(block_class(self.shape, [len(i) for i in idx]))
-        return out
+        return set(_classes(tuple(self.shape), tuple(self.layout.shape), tuple(self.placements)))
 
     def __repr__(self) -> str:
         ps = ", ".join(map(str, self.placements))
@@ -72,6 +69,18 @@ class BlockCase:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer
         p.text(repr(self))
+
+
+@functools.lru_cache(maxsize=256)
+def _classes(shape: tuple[int, ...], mesh_shape: tuple[int, ...],
+             placements: tuple) -> frozenset[str]:
+    # Every coordinate of the mesh, in row-major order; cached because each
+    # rank of a simulated world draws the same case (1024 ranks x 1024 blocks).
+    out = set()
+    for coord in itertools.product(*(range(n) for n in mesh_shape)):
+        idx = reference_block(shape, mesh_shape, placements, coord)
+        out.add(block_class(shape, [len(i) for i in idx]))
+    return frozenset(out)
 
 
 def block_classes(case: BlockCase) -> set[str]:

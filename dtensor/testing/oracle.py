@@ -73,9 +73,13 @@ def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
 
 
 def _piece(idx: torch.Tensor, n: int, c: int) -> torch.Tensor:
-    """Piece ``c`` of ``torch.chunk(idx, n)``; empty where chunk has none."""
-    pieces = torch.chunk(idx, n) if idx.numel() else ()
-    return pieces[c] if c < len(pieces) else idx[:0]
+    """Piece ``c`` of ``torch.chunk(idx, n)``; empty where chunk has none.
+
+    ``torch.chunk`` cuts pieces of ``ceil(len / n)`` and drops the empty
+    tail; slicing piece ``c`` directly keeps this O(1) per rank (building
+    all ``n`` pieces on each of ``n`` ranks is quadratic at 1024 ranks)."""
+    size = -(-idx.numel() // n)
+    return idx[c * size:(c + 1) * size] if size else idx[:0]
 
 
 def assert_coordinate(mesh: Any, *, msg: str = "") -> tuple[int, ...] | None:
