@@ -59,3 +59,5 @@ def test_isin_keeps_the_elements_shards(world, layouts) -> None:
     elements = [torch.randint(0, 9, (6, 4), generator=g).float()]
     test = [torch.tensor([1.0, 4.0, 7.0, 8.0])]
     _check_no_more_than_torch(world, torch.isin, [(layouts[0], elements), (layouts[1], test)])
+    # a scalar test set (isin.Tensor_Scalar)
+    _check_no_more_than_torch(world, lambda e: torch.isin(e, 4.0), [(layouts[0], elements)])

@@ -283,6 +283,12 @@ def _optimizer_clip_and_norm_calls() -> None:
     torch.narrow_copy(x, 1, 1, 2)
     torch.rsub(x, x)
     nn.functional.adaptive_avg_pool3d(torch.randn(2, 3, 2, 4, 4), 2)
+    # tests/test_comm_audit_misc_dist.py: isin (a tensor or a scalar test
+    # set), linalg.cross, repeat
+    torch.isin(x, torch.tensor([1.0, 2.0]))
+    torch.isin(x, 2.0)
+    torch.linalg.cross(torch.randn(4, 3), torch.randn(4, 3))
+    x.repeat(2, 1)
     # tests/test_loss_rules_nd_dist.py: N-d cross entropy (nll_loss2d) and the
     # element-wise losses, forward and backward
     logits = torch.randn(3, 4, 5, 2, requires_grad=True)

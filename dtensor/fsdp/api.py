@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
@@ -243,12 +245,26 @@ def _routes_draws(module) -> bool:
     of a step), so it stays on only for models that draw: those holding a
     dropout module, and those whose first training forward called a routed
     op (``F.dropout``, ``rand_like``, ``randn_like``) on a plain tensor; that
-    first forward always runs routed, to find out."""
+    first forward runs routed, to find out, unless the model holds compiled
+    blocks."""
     state: _State = module._fsdp_state
-    if state.routes_draws is None and any(
-            isinstance(m, _DropoutNd) and m.p > 0 for m in module.modules()):
-        state.routes_draws = True
+    if state.routes_draws is None:
+        mods = list(module.modules())
+        if any(isinstance(m, _DropoutNd) and m.p > 0 for m in mods):
+            state.routes_draws = True
+        elif any(_compiled(m) for m in mods):
+            # A routed first forward would compile each block a second time
+            # (the mode is part of the graph's guards): no probe there.
+            state.routes_draws = False
     return state.routes_draws is not False
+
+
+def _compiled(m) -> bool:
+    """``torch.compile(m)`` (an OptimizedModule) or ``m.compile()``."""
+    if getattr(m, "_compiled_call_impl", None) is not None:
+        return True
+    frames = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing compiled
+    return frames is not None and isinstance(m, frames.OptimizedModule)
 
 
 def _end_random(module, args, output):
