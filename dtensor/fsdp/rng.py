@@ -9,8 +9,9 @@ tensor concatenated along dim 0, in rank order (HSDP: replica-major). So the
 masks are the ones ``dtensor.random.dropout`` gives the whole batch on one
 device, and training with dropout equals single-device training. The
 routing stays on for models that hold a dropout module (``_DropoutNd`` with
-``p > 0``) or whose first training forward drew through one of these ops;
-other models run later forwards without it.
+``p > 0``) or whose first training forward drew through one of these ops
+(not looked for in models with compiled blocks); other models run later
+forwards without it.
 
 The local batch is dim 0 of the root forward's first tensor argument; the
 first random op of a forward all-gathers it over the data-parallel ranks
