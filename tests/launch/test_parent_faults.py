@@ -151,10 +151,13 @@ import os, time
 import pytest, torch, torch.distributed as dist
 
 class Linger:
-    """Rank 0 stays between tests (after test_a's report) for 3 s."""
+    """Rank 0 stays between tests (after test_a's report) until the world is
+    stopped: its watchdog ends the process once rank 1 has died."""
     def pytest_runtest_logfinish(self, nodeid, location):
         if nodeid.endswith("test_a"):
-            time.sleep(3)
+            end = time.monotonic() + 120
+            while time.monotonic() < end:
+                time.sleep(0.1)
 
 @pytest.mark.world_size(2)
 def test_a(world, request):
