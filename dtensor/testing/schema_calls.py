@@ -40,7 +40,7 @@ _INT_ARGS = {"dim": 0, "dim0": 0, "dim1": 1, "k": 1, "reduction": 1, "num_weight
              "start": 0, "end": 2, "step": 1}
 _INT_LIST_ARGS = {"dim": [0], "dims": [0], "normalized_shape": [_N], "split_sizes": [1, 3],
                   "shifts": [1], "output_mask": [True, True, True], "kernel_size": [2, 2],
-                  "output_size": [2, 2]}
+                  "output_size": [2, 2], "repeats": [3, 2, 1]}
 
 
 @dataclass(frozen=True)
