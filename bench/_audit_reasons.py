@@ -79,6 +79,25 @@ _LOCAL_ANY = ("gaussian_nll_loss checks any(var < 0) before it computes; PyTorch
               "any() of a sharded tensor is Partial(sum) and bool() reads each "
               "rank's own block (ranks disagree: tests/test_comm_audit_losses_dist.py); "
               "ours combines the ranks' answers (one small collective)")
+_STATS_DROPPED = ("batch norm in training mode with a replicated running mean or variance: "
+                  "PyTorch's DTensor slices them to the channel shard for the op and drops "
+                  "their update (its running statistics stay at their old values: "
+                  "tests/test_comm_audit_norm_dist.py); ours updates them, one all-gather "
+                  "of the updated slices")
+# Where each batch-norm form takes its running mean and variance.
+_RUNNING_STATS = {"nn.functional.batch_norm": (1, 2), "native_batch_norm": (3, 4),
+                  "_native_batch_norm_legit": (3, 4), "_batch_norm_with_update": (3, 4)}
+
+
+def _replicated_stats(op: str, layout: str) -> bool:
+    """A layout of batch-norm ``op`` whose running statistics are replicated:
+    one per input, or all alike on a dim the 1-D statistics lack."""
+    if not layout.startswith("("):
+        return layout in ("R", "S(1)", "S(2)", "S(3)")
+    parts = [p.strip() for p in layout.strip("()").split(", ")]
+    return any(i < len(parts) and parts[i] == "R" for i in _RUNNING_STATS[op])
+
+
 ACCEPTED: dict[tuple[str, tuple[str, ...]], str] = {
     ("nn.functional.gaussian_nll_loss", ("S(",)): _LOCAL_ANY,
     ("byte", ("P(max)", "P(min)")): _CAST_WRAPS,
@@ -90,6 +109,8 @@ ACCEPTED: dict[tuple[str, tuple[str, ...]], str] = {
 
 def accepted(op: str, layout: str) -> str | None:
     """The reason an excess of ``op`` in ``layout`` is an accepted difference."""
+    if op in _RUNNING_STATS and _replicated_stats(op, layout):
+        return _STATS_DROPPED
     for (name, kinds), why in ACCEPTED.items():
         if name == op and any(k in layout for k in kinds):
             return why

@@ -297,6 +297,37 @@ def _optimizer_clip_and_norm_calls() -> None:
     for loss in (nn.functional.mse_loss, nn.functional.smooth_l1_loss,
                  nn.functional.huber_loss, nn.functional.soft_margin_loss):
         loss(a, b).backward()
+    # tests/test_comm_audit_scatter_dist.py: scatter (a tensor or a scalar
+    # source), scatter_add, select/slice_scatter, index_put (and x[i] = v),
+    # index_add, index_copy, index_fill (a scalar or a 0-d tensor value)
+    i = torch.tensor([2, 0])
+    torch.scatter(x, 0, i.expand(4, 2).T, x[:2])
+    torch.scatter(x, 0, i.expand(4, 2).T, 2.0)
+    torch.scatter_add(x, 0, i.expand(4, 2).T, x[:2])
+    torch.select_scatter(x, x[0], 0, 1)
+    torch.slice_scatter(x, x[:2], 0, 0, 2)
+    torch.index_put(x, (i,), x[:2])
+    x.clone()[i] = 1.0
+    torch.index_add(x, 0, i, x[:2])
+    torch.index_copy(x, 0, i, x[:2])
+    torch.index_fill(x, 1, i, 2.0)
+    torch.index_fill(x, 1, i, torch.tensor(2.0))
+    # tests/test_comm_audit_norm_dist.py: batch norm (training and eval, and
+    # its aten forms), group norm, max_unpool1d/2d/3d, embedding
+    xb, stats = torch.randn(4, 5, 3), [torch.zeros(5), torch.ones(5)]
+    nn.functional.batch_norm(xb, *stats, torch.ones(5), torch.zeros(5), training=True)
+    nn.functional.batch_norm(xb, *stats, training=False)
+    torch.ops.aten._native_batch_norm_legit(xb, None, None, *stats, True, 0.1, 1e-5)
+    torch.ops.aten._native_batch_norm_legit_no_training(xb, None, None, *stats, 0.1, 1e-5)
+    torch.ops.aten._batch_norm_with_update(xb, None, None, *stats, 0.1, 1e-5)
+    torch.ops.aten.native_group_norm(xb, None, None, 4, 5, 3, 5, 1e-5)
+    for pool, unpool, shape in ((nn.functional.max_pool1d, nn.functional.max_unpool1d, (2, 4, 6)),
+                                (nn.functional.max_pool2d, nn.functional.max_unpool2d,
+                                 (2, 4, 4, 6)),
+                                (nn.functional.max_pool3d, nn.functional.max_unpool3d,
+                                 (2, 4, 2, 4, 4))):
+        unpool(*pool(torch.randn(shape), 2, return_indices=True), 2)
+    nn.functional.embedding(torch.tensor([1, 3]), torch.randn(10, 5))
 
 
 def _ops_run_by_the_distributed_tests() -> set:

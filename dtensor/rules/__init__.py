@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from dtensor.rules import (
+    batch_norm,
     batched,
     extremes,
     foreach,
@@ -20,6 +21,7 @@ from dtensor.rules import (
     norms,
     pointwise,
     reduction,
+    scatter,
     spatial,
     tensor_ops,
     view,
@@ -30,7 +32,7 @@ __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
 _FAMILIES = (pointwise, tensor_ops, reduction, extremes, matmul, view, join, nn, norms,
-             foreach, batched, spatial)
+             foreach, batched, spatial, scatter, batch_norm)
 for _family in _FAMILIES:
     RULES.update(_family.RULES)
 

@@ -9,6 +9,7 @@ the other dims stay where they are and nothing is sent:
   where no rank's block is empty: the kernels refuse zero channels),
   spatial dims are whole;
 - ``native_group_norm`` over batch shards: statistics are per sample;
+- ``max_unpool2d``/``3d``: input and indices cut alike on the leading dims;
 - ``histc`` with a fixed range: each rank counts its own elements, the
   counts are ``Partial(sum)``;
 - identities: ``as_strided`` with the tensor's own size, stride and offset,
@@ -100,13 +101,47 @@ def _free_lead_shard(spec, lead: int, axis: int, place) -> Shard | Replicate:
 
 
 def group_norm_rule(call):
-    """``native_group_norm(x, w, b, N, C, HxW, group, eps)`` over batch shards."""
+    """``native_group_norm(x, w, b, N, C, HxW, group, eps)`` over batch shards
+    of at least one sample per coordinate of the axis (as PyTorch keeps
+    them): a smaller batch is gathered, which costs what gathering the
+    output would, and the per-sample statistics need no gathering after."""
     x = call.specs[0]
-    place = tuple(Shard(0) if p == Shard(0) else Replicate() for p in x.placements)
+    place = tuple(Shard(0) if p == Shard(0) and x.shape[0] >= x.mesh.size(axis)
+                  else Replicate() for axis, p in enumerate(x.placements))
     if not any(isinstance(p, Shard) for p in place):
         return None  # nothing to keep: the plain replicated path is the same
     rest = (tuple(Replicate() for _ in place),) * (len(call.specs) - 1)
     return Sharding((place, *rest), (place,) * 3, local=_local_batch(3))
+
+
+def max_unpool_rule(spatial: int):
+    """``max_unpool2d``/``3d(x, indices, output_size, ...)``: each value goes
+    to its index within its own (batch, channel) plane, so x and indices are
+    cut alike on the leading dims (the shard of the wider dtype first).
+    Pieces of x are reduced first: the output is never smaller than x."""
+
+    def rule(call):
+        x, index = call.specs
+        lead = x.ndim - spatial
+        if lead < 1 or index.shape != x.shape:
+            return None
+        place, out = [], []
+        for axis, (p, q) in enumerate(zip(x.placements, index.placements, strict=True)):
+            # Cut alike, the operand of fewer bytes (x, against int64 indices)
+            # moving; a dim shorter than the axis is gathered (as PyTorch
+            # does): the output it would leave to gather is larger than x.
+            order = (q, p) if index.dtype.itemsize > x.dtype.itemsize else (p, q)
+            pick = next((s for s in order if isinstance(s, Shard) and s.dim < lead
+                         and x.shape[s.dim] >= x.mesh.size(axis)
+                         and _blocks_allowed(x, lead, axis, s.dim)), None)
+            if pick is not None:
+                place.append((pick, pick)), out.append(pick)
+            else:
+                place.append((Replicate(), Replicate())), out.append(Replicate())
+        return Sharding((tuple(w for w, _ in place), tuple(i for _, i in place)),
+                        (tuple(out),))
+
+    return rule
 
 
 def _local_batch(n_at: int):
@@ -167,6 +202,8 @@ RULES: dict = {
     aten.median.dim: select_along_dim_rule,
     aten.nanmedian.dim: select_along_dim_rule,
     aten.native_group_norm.default: group_norm_rule,
+    aten.max_unpool2d.default: max_unpool_rule(2),
+    aten.max_unpool3d.default: max_unpool_rule(3),
     aten.histc.default: histc_rule,
     aten.as_strided.default: as_strided_rule,
     torch.ops.prims.view_of.default: identity_rule,

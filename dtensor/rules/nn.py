@@ -5,7 +5,10 @@ shape); its weight and bias gradients sum over the batch, so they come out
 ``Partial(sum)`` where the batch is sharded. Embedding lookups keep the
 indices' shards (replicated table), the table's column shards, or its row
 (vocabulary) shards with replicated indices: each coordinate looks up the
-rows it holds and the output is ``Partial(sum)``, the table never gathered.
+rows it holds and the output is ``Partial(sum)``, the table never gathered;
+a column-sharded table against sharded indices stays, the indices gathered,
+where they are the smaller; pieces of a table (sum, max or min) are looked up
+as pieces.
 The embedding gradient comes out replicated from replicated indices and
 output gradient: its rule cannot see the table's layout, and a row-sharded
 gradient for a replicated table would be gathered again at the optimizer
@@ -44,6 +47,7 @@ from dtensor.placement import (
     replicated,
 )
 from dtensor.rules._util import bind
+from dtensor.rules.join import _picks_through
 from dtensor.rules.pointwise import pointwise_rule
 from dtensor.sharding import Sharding
 from dtensor.spec import local_block
@@ -101,15 +105,22 @@ def embedding_rule(call):
         return None
     ww, wi, out = [], [], []
     vocab = False
+    # Against sharded indices, a column-sharded table stays where gathering
+    # the indices moves fewer bytes than gathering the table.
+    keep_cols = (math.prod(indices.shape) * indices.dtype.itemsize
+                 < math.prod(weight.shape) * weight.dtype.itemsize)
     for pw, pi in zip(weight.placements, indices.placements, strict=True):
-        if isinstance(pi, Shard) and not isinstance(pw, Partial):
+        if isinstance(pi, Shard) and not isinstance(pw, Partial) and not (
+                pw == Shard(1) and keep_cols):
             ww.append(Replicate()), wi.append(pi), out.append(pi)
         elif isinstance(pw, Shard) and pw.dim == 1:
             ww.append(pw), wi.append(Replicate()), out.append(Shard(indices.ndim))
         elif isinstance(pw, Shard) and pw.dim == 0:
             ww.append(pw), wi.append(Replicate()), out.append(Partial("sum"))
             vocab = True
-        elif is_linear_partial(pw):
+        elif _picks_through(pw):
+            # A lookup picks rows: pieces of a sum, max or min stay pieces
+            # (the indices made whole first).
             ww.append(pw), wi.append(Replicate()), out.append(pw)
         else:
             ww.append(Replicate()), wi.append(Replicate()), out.append(Replicate())

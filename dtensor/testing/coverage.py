@@ -81,6 +81,14 @@ NO_SCHEMA_CALL = {
     "is 4); covered by tests/test_comm_audit_spatial_dist.py",
     "aten.linalg_cross.default": "the crossed dim must be 3 (every schema-call side "
     "is 4); covered by tests/test_comm_audit_misc_dist.py",
+    "aten._native_batch_norm_legit.default": "1-D running statistics beside an N-d "
+    "input (no ndim pattern gives it); covered by tests/test_comm_audit_norm_dist.py",
+    "aten._native_batch_norm_legit_no_training.default": "1-D running statistics beside "
+    "an N-d input (no ndim pattern gives it); covered by tests/test_comm_audit_norm_dist.py",
+    "aten._batch_norm_with_update.default": "1-D running statistics beside an N-d input "
+    "(no ndim pattern gives it); covered by tests/test_comm_audit_norm_dist.py",
+    "aten.max_unpool3d.default": "5-D input with a 3-D output size; covered by "
+    "tests/test_comm_audit_norm_dist.py",
 }
 #: Reasons for kinds named per operand or keyword (prefix or suffix match).
 _PATTERN_REASONS = (

@@ -103,8 +103,9 @@ def _is_tensor(t) -> bool:
 
 
 def _is_tensor_list(t) -> bool:
+    # ``Tensor?[]`` (index_put's indices) is called with tensors in every slot.
     t = _base(t)
-    return isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType)
+    return isinstance(t, torch.ListType) and _is_tensor(t.getElementType())
 
 
 def _value(a, func_name: str):
@@ -139,7 +140,8 @@ def _value(a, func_name: str):
     if isinstance(t, torch.FloatType):
         return 0.1 if a.name != "eps" else 1e-5
     if isinstance(t, torch.BoolType):
-        return False
+        # batch norm: eval mode without running statistics crashes the CPU kernel
+        return a.name == "training"
     return _SKIP
 
 
