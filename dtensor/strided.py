@@ -30,6 +30,8 @@ Example (FSDP + TP on a ``(dp, tp) = (2, 2)`` mesh, an 8-row weight):
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Sequence
 
 import torch
@@ -148,24 +150,39 @@ def fsdp_tp_placements(mesh, tp_placement: Placement, global_shape: Sequence[int
     out[tp] = Shard(0)
     if mesh.shape[tp] > 1:  # one TP block: plain nesting, the canonical value
         out[dp] = StridedShard(0, mesh.shape[tp])
-    n_dp, n_tp, rows = mesh.shape[dp], mesh.shape[tp], global_shape[0]
+    wrong = _misfit(global_shape[0], tuple(mesh.shape), tuple(out), dp, tp)
+    if wrong is not None:
+        i, j, want, got = wrong
+        n_dp, n_tp, rows = mesh.shape[dp], mesh.shape[tp], global_shape[0]
+        raise PlacementError(
+            f"fsdp_tp_placements: dim 0 of size {rows} cut by tp={n_tp} then "
+            f"dp={n_dp} gives rank (dp={i}, tp={j}) rows {want}, which "
+            f"{format_placements(tuple(out))} cannot express (it holds {got}); "
+            f"pad dim 0 to a multiple of {n_dp * n_tp}, or shard another dim "
+            "with TP"
+        )
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _misfit(rows: int, mesh_shape: tuple[int, ...], out: tuple[Placement, ...],
+            dp: int, tp: int):
+    """The first block ``(i, j, want, got)`` whose rows ``out`` does not give
+    (TP block ``j``'s dp piece ``i``), else None. The same on every rank and
+    linear in the rank count, so computed once per process, not per rank (a
+    1,024-rank simulated world otherwise repeats it 1,024 times)."""
+    n_dp, n_tp = mesh_shape[dp], mesh_shape[tp]
     for j in range(n_tp):
         tp_start, tp_len = shard_range(rows, n_tp, j)
         for i in range(n_dp):
             start, length = shard_range(tp_len, n_dp, i)
             want = ((tp_start + start, length),) if length else ()
-            coord = [0] * mesh.ndim
+            coord = [0] * len(mesh_shape)
             coord[dp], coord[tp] = i, j
-            got = block_runs((rows,), mesh.shape, out, coord)[0]
+            got = block_runs((rows,), mesh_shape, out, coord)[0]
             if got != want:
-                raise PlacementError(
-                    f"fsdp_tp_placements: dim 0 of size {rows} cut by tp={n_tp} then "
-                    f"dp={n_dp} gives rank (dp={i}, tp={j}) rows {want}, which "
-                    f"{format_placements(tuple(out))} cannot express (it holds {got}); "
-                    f"pad dim 0 to a multiple of {n_dp * n_tp}, or shard another dim "
-                    "with TP"
-                )
-    return tuple(out)
+                return i, j, want, got
+    return None
 
 
 def redistribute(local: torch.Tensor, src: DTensorSpec, dst: DTensorSpec,

@@ -166,6 +166,23 @@ def test_fsdp_tp_placements_on_tp_dp_order_and_bad_axes() -> None:
         fsdp_tp_placements(mesh, Shard(0), (7, 2))
 
 
+def test_fsdp_tp_placements_check_each_layout_once_per_process(monkeypatch) -> None:
+    # The check walks every rank's block (linear in the rank count); every rank
+    # of a simulated world asks it, so a second ask must not walk them again
+    # (a 1,024-rank world's property spent minutes here).
+    import dtensor.strided as strided
+
+    calls = []
+    real = strided.block_runs
+    monkeypatch.setattr(strided, "block_runs", lambda *a: calls.append(a) or real(*a))
+    mesh = _grid([[0, 1, 2], [3, 4, 5]], ("dp", "tp"))
+    first = fsdp_tp_placements(mesh, Shard(0), (613, 2))
+    walked = len(calls)
+    assert walked >= 6
+    assert fsdp_tp_placements(mesh, Shard(0), (613, 2)) == first
+    assert len(calls) == walked, "the second ask walked the blocks again"
+
+
 def test_draw_runs_puts_boxes_of_a_global_function_in_local_order() -> None:
     from dtensor.strided import draw_runs
 
