@@ -12,11 +12,7 @@ from __future__ import annotations
 _NO_RULE = ("no rule yet: the replicate fallback gathers inputs that PyTorch's "
             "rule keeps sharded (or partial)")
 _REASONS: dict[str, tuple[str, ...]] = {
-    _NO_RULE: (
-        "nn.functional.max_unpool",
-        "index_add", "index_copy", "index_fill", "index_put", "kron",
-        "linalg.pinv", "native_batch_norm", "nn.functional.batch_norm",
-    ),
+    _NO_RULE: ("kron", "linalg.pinv"),
     "losses on mixed layouts or Partial inputs: triplet losses with an S(1) anchor "
     "beside S(0) operands gather the difference where PyTorch reduce-scatters norm "
     "pieces (8-16 B more of 144-160 B); gaussian_nll_loss of Partial(sum/avg) "
@@ -30,11 +26,9 @@ _REASONS: dict[str, tuple[str, ...]] = {
     "products with Partial(sum/avg) of both operands (inner, outer, einsum: ours "
     "reduces one operand, PyTorch the smaller output) or mixed-layout operands "
     "(vdot, linear), bmm where gathering a small operand beats reducing the larger "
-    "partial output the audit makes full, addr with a 0-d bias (PyTorch computes "
-    "it replicated from the gathered vectors; ours keeps the output sharded), and "
-    "embedding lookups with Partial(max/min) tables": (
-        "vdot", "inner", "outer", "einsum", "nn.functional.linear",
-        "nn.functional.embedding", "addr", "bmm",
+    "partial output the audit makes full, and addr with a 0-d bias (PyTorch computes "
+    "it replicated from the gathered vectors; ours keeps the output sharded)": (
+        "vdot", "inner", "outer", "einsum", "nn.functional.linear", "addr", "bmm",
     ),
     "Partial(max/min) operands: ours reduces each operand before the op, PyTorch "
     "one result (pieces through the op)": (
@@ -51,11 +45,8 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "take", "take_along_dim",
     ),
 }
-_REASONS["not yet analysed per sample (Partial inputs of any; "
-         "addcmul family, scatter family, batch-norm variants, "
-         "group norm with a sharded weight)"] = (
-    "_batch_norm_with_update", "_native_batch_norm_legit", "addcdiv", "addcmul",
-    "any", "bucketize", "native_group_norm", "scatter", "select_scatter", "slice_scatter",
+_REASONS["not yet analysed per sample (Partial inputs of any, bucketize)"] = (
+    "any", "bucketize",
 )
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
