@@ -383,3 +383,32 @@ def test_the_simulating_process_freezes_its_heap_between_modules(child) -> None:
     assert min(a) > 10_000, r.out  # torch, hypothesis, the plugin: frozen after collection
     assert min(b) > max(a), r.out  # and again after module a
     assert "ENDED 0" in r.out, r.out
+
+
+
+SLOW_BIG = """
+import time
+
+import pytest
+
+
+@pytest.mark.world_size(256)
+@pytest.mark.dist_timeout(1)
+def test_never_done_in_time(world):
+    if world.rank == 0:
+        time.sleep(13)  # past the deadline and the 10 s the world waits after it
+"""
+
+
+def test_a_big_simulated_world_gets_a_deadline_that_grows_with_its_ranks(child) -> None:
+    """Simulated ranks run one at a time, so past 128 ranks the watchdog's
+    seconds grow with the rank count (``sim_deadline``): a 1 s watchdog is
+    2 s for 256 ranks, and the hung rank's report says so."""
+    from launch.modes.simulated import sim_deadline
+
+    assert sim_deadline(120.0, 4) == sim_deadline(120.0, 128) == 120.0
+    assert sim_deadline(120.0, 1024) == 960.0
+    r = child({"test_big.py": SLOW_BIG}, "-m", "pytest", "--dist-sim", "-p",
+              "no:cacheprovider", "-q", "test_big.py")
+    assert r.rc == 1, r.out
+    assert "rank 0 of the simulated 256-rank world did not finish within 2s" in r.out, r.out
