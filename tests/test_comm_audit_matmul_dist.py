@@ -45,3 +45,13 @@ def test_products_with_a_bias_keep_the_bias_layout(world, name, shapes, layouts)
     _check_no_more_than_torch(world, fn, [(lay, _pieces(sh, 100 + i, 1 if lay[0] != "P" else 2))
                                           for i, (lay, sh) in enumerate(zip(layouts, shapes,
                                                                             strict=True))])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layouts", [("R", "S1"), ("S2", "R"), ("S2", "S1"), ("S0", "S1")])
+def test_a_small_operand_is_gathered_rather_than_a_large_partial_output(
+        world, layouts) -> None:
+    # (2, 16, 1) @ (2, 1, 32): the contracted dim is cut, but the partial
+    # output (1,024 values) would cost more to reduce than gathering 64
+    _check_no_more_than_torch(world, torch.bmm, [(layouts[0], _pieces((2, 16, 1), 92)),
+                                                 (layouts[1], _pieces((2, 1, 32), 93))])

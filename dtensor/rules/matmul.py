@@ -6,7 +6,8 @@ operands holding it sharded on it, the others replicated); a contracted
 letter sharded on both operands (output ``Partial(sum)``); one partial
 operand times a replicated one (output keeps the partial). Cost counts the
 elements each operand must move to reach its layout (slicing a replicated
-operand is nearly free); pieces of a max/min, which must be reduced first,
+operand is nearly free), and a ``Partial(sum)`` output counts the reduction
+it needs before it is read whole; pieces of a max/min, which must be reduced first,
 go onto a shard (reduce-scatter) where gathering or reducing the smaller
 output later costs less than replicating them (all-reduce). ``matmul``, ``linear`` and ``einsum`` decompose
 into these ops and views before they reach the dispatcher.
@@ -71,11 +72,14 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) ->
     (all-reduce), but leaves the output to gather (sharded) or reduce
     (partial sum) later: the cheaper depends on the output's size. Not with
     a bias (``ranks`` None): its own pieces would need reducing too."""
+    no = math.prod(out_shape)
     if ranks is None or not (_extreme(pa) or _extreme(pb)):
-        return 1e-3 if isinstance(o, Partial) else 0.0
+        # Partial sums are reduced before they are read whole: counted as one
+        # reduce-scatter of the output, so a small operand is gathered rather
+        # than a large output left to reduce (bmm of (b, m, 1) by (b, 1, n)).
+        return 1e-3 + no if isinstance(o, Partial) else 0.0
     if isinstance(o, Shard) and out_shape[o.dim] < ranks:
         return _INF  # some ranks would hold nothing, yet pay the reduction
-    no = math.prod(out_shape)
     more = (na if _extreme(pa) and isinstance(wa, Replicate) else 0) + (
         nb if _extreme(pb) and isinstance(wb, Replicate) else 0)
     return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
