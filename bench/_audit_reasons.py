@@ -25,8 +25,8 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     "products with Partial(sum/avg) of both operands (inner, outer, einsum: ours "
     "reduces one operand, PyTorch the smaller output) or mixed-layout operands "
-    "(vdot, linear), bmm where gathering a small operand beats reducing the larger "
-    "partial output the audit makes full, and addr with a 0-d bias (PyTorch computes "
+    "(vdot, linear), bmm with one operand cut on the batch dim and the other on the "
+    "contracted dim (PyTorch's cost model finds cheaper moves), and addr with a 0-d bias (PyTorch computes "
     "it replicated from the gathered vectors; ours keeps the output sharded)": (
         "vdot", "inner", "outer", "einsum", "nn.functional.linear", "addr", "bmm",
     ),
