@@ -61,3 +61,18 @@ def test_isin_keeps_the_elements_shards(world, layouts) -> None:
     _check_no_more_than_torch(world, torch.isin, [(layouts[0], elements), (layouts[1], test)])
     # a scalar test set (isin.Tensor_Scalar)
     _check_no_more_than_torch(world, lambda e: torch.isin(e, 4.0), [(layouts[0], elements)])
+
+
+@pytest.mark.world_size(2)
+def test_any_of_partial_sums_reduces_the_pieces_first(world) -> None:
+    """Why ``any`` of ``Partial(sum)`` is an accepted difference: PyTorch's
+    ``any`` of each piece says True for pieces that cancel."""
+    import comm_audit
+    from test_comm_audit_fixes_dist import _libs, _make
+
+    assert comm_audit.accepted("any", "P(sum)") and not comm_audit.accepted("any", "S(0)")
+    pieces = [torch.tensor([1.0, 0.0]), torch.tensor([-1.0, 0.0])]  # sum: [0, 0]
+    got = {}
+    for name, (lib, mesh) in _libs(world).items():
+        got[name] = bool(torch.any(_make(lib, mesh, "Psum", pieces, world.rank)).full_tensor())
+    assert got == {"ours": False, "torch": True}, got
