@@ -31,7 +31,6 @@ Example (FSDP + TP on a ``(dp, tp) = (2, 2)`` mesh, an 8-row weight):
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Sequence
 
 import torch
