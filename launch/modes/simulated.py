@@ -44,7 +44,7 @@ from launch.sim.inner_given import refusing
 from launch.sim.threaded import entered
 from launch.world import World, timeout_of, world_size_of
 
-__all__ = ["SIM_DEADLINE_RANKS", "SimMode", "SimTally", "add_options", "sim_deadline"]
+__all__ = ["SimMode", "SimTally", "add_options"]
 
 CONFIRM_ENV = "LAUNCH_SIM_CONFIRMING"  # set in the real-world re-run of a failure
 
@@ -65,24 +65,6 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("dist_sim_rank_init", default="",
                   help="module:function called as function(rank, size) on each "
                        "simulated rank thread (per-rank runtime state)")
-
-
-#: Past this many ranks a simulated world's watchdog grows with the rank count.
-SIM_DEADLINE_RANKS = 128
-
-
-def sim_deadline(timeout: float, n: int) -> float:
-    """The watchdog seconds of an ``n``-rank simulated world for a test whose
-    real-world watchdog is ``timeout``: a real world's ranks run side by side,
-    a simulated world's one at a time, so an example's wall time grows with
-    the rank count. Up to ``SIM_DEADLINE_RANKS`` ranks the same; past it,
-    ``timeout * n / SIM_DEADLINE_RANKS`` (120 s is 960 s at 1,024 ranks).
-
-    Example:
-        >>> sim_deadline(120.0, 64), sim_deadline(120.0, 1024)
-        (120.0, 960.0)
-    """
-    return timeout * max(1.0, n / SIM_DEADLINE_RANKS)
 
 
 class SimMode:
@@ -141,7 +123,7 @@ class SimMode:
         self.sizes.add(n)
         names = item._fixtureinfo.argnames
         base = {k: item.funcargs[k] for k in names}
-        timeout = sim_deadline(timeout_of(item, self.config.getoption("dist_timeout")), n)
+        timeout = sim.sim_deadline(timeout_of(item, self.config.getoption("dist_timeout")), n)
         fn = getattr(item.obj, "__func__", item.obj)
         given = getattr(fn, "is_hypothesis_test", False) and n > 1
         # Python's and torch's generators are the process's, shared by the

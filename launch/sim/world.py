@@ -35,7 +35,25 @@ from launch.sim import collectives
 from launch.sim.threaded import unpark_collectives
 from launch.sim.turn import _Waiter, turn
 
-__all__ = ["Outcome", "SimAbort", "SimWorld", "world"]
+__all__ = ["SIM_DEADLINE_RANKS", "Outcome", "SimAbort", "SimWorld", "sim_deadline", "world"]
+
+
+#: Past this many ranks a simulated world's watchdog grows with the rank count.
+SIM_DEADLINE_RANKS = 128
+
+
+def sim_deadline(timeout: float, n: int) -> float:
+    """The watchdog seconds of an ``n``-rank simulated world for a test whose
+    real-world watchdog is ``timeout``: a real world's ranks run side by side,
+    a simulated world's one at a time, so an example's wall time grows with
+    the rank count. Up to ``SIM_DEADLINE_RANKS`` ranks the same; past it,
+    ``timeout * n / SIM_DEADLINE_RANKS`` (120 s is 960 s at 1,024 ranks).
+
+    Example:
+        >>> sim_deadline(120.0, 64), sim_deadline(120.0, 1024)
+        (120.0, 960.0)
+    """
+    return timeout * max(1.0, n / SIM_DEADLINE_RANKS)
 
 
 class SimAbort(Exception):

@@ -404,7 +404,7 @@ def test_a_big_simulated_world_gets_a_deadline_that_grows_with_its_ranks(child) 
     """Simulated ranks run one at a time, so past 128 ranks the watchdog's
     seconds grow with the rank count (``sim_deadline``): a 1 s watchdog is
     2 s for 256 ranks, and the hung rank's report says so."""
-    from launch.modes.simulated import sim_deadline
+    from launch.sim.world import sim_deadline
 
     assert sim_deadline(120.0, 4) == sim_deadline(120.0, 128) == 120.0
     assert sim_deadline(120.0, 1024) == 960.0
