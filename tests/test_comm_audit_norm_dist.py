@@ -73,14 +73,23 @@ def _batch_norm(training: bool):
                                                 momentum=0.3, eps=0.1)
 
 
-@pytest.mark.world_size(2)
-@pytest.mark.parametrize("layouts", [
+# training: the running statistics sharded, updated in their own layout;
+# eval: any input shard stays, the statistics read, not written
+_BN_CASES = [(True, lay) for lay in (
     ("S1", "S0", "S0", "S0", "R"), ("S1", "S0", "S0", "R", "R"), ("S0", "S0", "S0", "R", "S0"),
     ("R", "R", "S0", "R", "R"), ("S2", "S0", "S0", "S0", "S0"),
-])
-def test_batch_norm_training_updates_sharded_running_stats(world, layouts) -> None:
-    seen, inputs = [], _bn_inputs(layouts, 40)
-    _check_no_more_than_torch(world, _recording(_batch_norm(True), seen), inputs)
+)] + [(False, lay) for lay in (
+    ("S1", "R", "R", "S0", "S0"), ("S1", "S0", "R", "R", "S0"), ("S0", "R", "R", "R", "R"),
+    ("S2", "S0", "R", "R", "R"), ("S1", "S0", "S0", "S0", "R"),
+)]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize(("training", "layouts"), _BN_CASES)
+def test_batch_norm_keeps_shards_and_running_stats_equal_one_device(
+        world, training, layouts) -> None:
+    seen, inputs = [], _bn_inputs(layouts, 40 if training else 42)
+    _check_no_more_than_torch(world, _recording(_batch_norm(training), seen), inputs)
     _check_stats(seen)
 
 
@@ -103,17 +112,6 @@ def test_batch_norm_training_updates_replicated_running_stats(world, layouts) ->
              and not torch.allclose(seen[1][i].full_tensor(), seen[-1][i], **TOL)]
     assert stale, f"PyTorch's running statistics in {layouts} were updated"
     assert comm_audit.accepted("nn.functional.batch_norm", f"({', '.join(layouts)})")
-
-
-@pytest.mark.world_size(2)
-@pytest.mark.parametrize("layouts", [
-    ("S1", "R", "R", "S0", "S0"), ("S1", "S0", "R", "R", "S0"), ("S0", "R", "R", "R", "R"),
-    ("S2", "S0", "R", "R", "R"), ("S1", "S0", "S0", "S0", "R"),
-])
-def test_batch_norm_eval_keeps_input_shards(world, layouts) -> None:
-    seen, inputs = [], _bn_inputs(layouts, 42)
-    _check_no_more_than_torch(world, _recording(_batch_norm(False), seen), inputs)
-    _check_stats(seen)  # read, not written
 
 
 @pytest.mark.world_size(2)

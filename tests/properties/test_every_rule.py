@@ -11,7 +11,9 @@ written for it.
 - property: a drawn rule's call, on drawn meshes (1-D to 3-D) and placements
   (Shard of every dim, Replicate, Partial of every reduce op for floating
   operands), equals single device on every rank (values, local shape,
-  offset, placements through the per-rank oracle).
+  offset, placements through the per-rank oracle);
+- property: the same, drawn among the scatter family and batch norm only,
+  whose passing Partial kinds depend on every operand's kind.
 """
 
 from __future__ import annotations
@@ -115,7 +117,28 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
 @settings(max_examples=4 * settings.default.max_examples)
 @given(data=st.data())
 def test_schema_drawn_calls_match_single_device(n_ranks, world, impl, data):
-    func, call = data.draw(st.sampled_from(_calls()), label="op")
+    _drawn_call_matches(world, impl, data, _calls())
+
+
+def _write_calls():
+    """Calls of the ops that write into a copy of ``self`` (scatter family)
+    and batch norm: which Partial kinds pass depends on the op and on every
+    operand's kind, so they get draws of their own (among all rules, one of
+    them is drawn a few times a run)."""
+    from dtensor.rules import batch_norm, scatter
+
+    ops = set(scatter.RULES) | set(batch_norm.RULES)
+    return [(f, c) for f, c in _calls() if f in ops or f.overloadpacket in ops]
+
+
+@settings(max_examples=4 * settings.default.max_examples)
+@given(data=st.data())
+def test_scatter_family_and_batch_norm_calls_match_single_device(n_ranks, world, impl, data):
+    _drawn_call_matches(world, impl, data, _write_calls())
+
+
+def _drawn_call_matches(world, impl, data, calls):
+    func, call = data.draw(st.sampled_from(calls), label="op")
     layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
     plain, ps = [], []
     for i, (shape, dt) in enumerate(zip(call.shapes, call.dtypes, strict=True)):
