@@ -479,3 +479,24 @@ def test_a_destroyed_worlds_plans_and_groups_are_forgotten() -> None:
     p = subprocess.run([sys.executable, "-c", _WORLD_GONE], capture_output=True, text=True,
                        timeout=120, env=env)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def test_meta_kernel_results_are_shared_across_layouts_and_keyed_by_values(monkeypatch) -> None:
+    # What a meta kernel gives depends on global metadata and argument values
+    # alone, so the ranks of a simulated world (specs on their own meshes, in
+    # their own layouts) run each one once; a float that sizes the output
+    # (an upsampling scale) is part of the key.
+    from dtensor.dispatch import meta
+
+    runs = []
+    real = meta._run_on
+    monkeypatch.setattr(meta, "_run_on", lambda call, ops, dev: runs.append(
+        call.func) or real(call, ops, dev))
+    monkeypatch.setattr(meta, "_INFERRED", {})
+    x = _t(1, 1, 4, 4)
+    metas = []
+    for scale, placement in ((2.0, Shard(2)), (2.0, Replicate()), (3.0, Shard(3))):
+        call, (spec,) = _call(aten.upsample_nearest2d.vec, (x, None, [scale, scale]), {})
+        metas.append(infer_meta(call, (spec.with_placements((placement,)),)))
+    assert [m[0].shape for m in metas] == [(1, 1, 8, 8), (1, 1, 8, 8), (1, 1, 12, 12)]
+    assert len(runs) == 2, runs

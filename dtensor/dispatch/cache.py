@@ -19,7 +19,11 @@ share the table safely. A gone world's plans are never served again, and
 ``dist.destroy_process_group()`` drops them (with everything else: plans are
 cheap to make again), so they do not keep its groups alive.
 
-``forget`` is the one way anything is dropped: ``register_rule`` calls it
+Beside these, ``dtensor.dispatch.meta`` keeps what meta kernels gave, keyed
+by global metadata and argument values (no mesh, no rule), so every rank of
+a process shares it and no rule change can make it stale.
+
+``forget`` is the one way anything here is dropped: ``register_rule`` calls it
 for the ops it changes (through ``sharding.on_register``), and the end of a
 world (``dtensor._comm.on_world_end``) calls it with no argument, which drops
 everything (``dtensor.dispatch.forget()``).
