@@ -49,9 +49,18 @@ def test_float_pieces_are_random_and_reduce_within_rounding() -> None:
         pieces = _pieces(x, (4,), (Partial(op),), PartialSplit((2,), 3))
         got = REDUCE[op]([pieces[(c,)] for c in range(4)]).to(x.dtype)
         torch.testing.assert_close(got, x, rtol=1e-5, atol=1e-5)
-    maxes = _pieces(x, (4,), (Partial("max"),), PartialSplit((2,), 3))
-    assert torch.equal(maxes[(2,)], x)  # the drawn holder holds the extreme
+    split = PartialSplit((2,), 3)
+    maxes = _pieces(x, (4,), (Partial("max"),), split)
+    held = torch.stack([maxes[(c,)] == x for c in range(4)])
+    assert bool((held.sum(0) >= 1).all())  # every element's extreme is on some coordinate
     assert bool((maxes[(0,)] < x).any())
+    # ... on coordinates that vary by element, and by operand of one call: a
+    # rule adding max pieces of two operands elementwise must go wrong
+    assert all(bool(h.any()) and not bool(h.all()) for h in held)
+    other = _pieces(x, (4,), (Partial("max"),), split.for_operand(1))
+    assert not torch.equal(held, torch.stack([other[(c,)] == x for c in range(4)]))
+    summed = REDUCE["max"]([maxes[(c,)] + other[(c,)] for c in range(4)])
+    assert bool((summed < 2 * x).any())
 
 
 @pytest.mark.parametrize("ops", list(itertools.product(sorted(REDUCE), repeat=2)))

@@ -63,6 +63,10 @@ def _every_other(x: torch.Tensor) -> torch.Tensor:
     return x[::2].clone()
 
 
+def _add2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
 DOUBLE = _op("double", _double, _fake_like)
 FLIP = _op("flip0", _flip0, _fake_like)
 RELU = _op("relu", _relu, _fake_like)
@@ -71,6 +75,7 @@ SOFT = _op("soft", _soft, _fake_like)
 SOFT_BAD = _op("soft_bad", _soft, _fake_like)
 EVERY_OTHER = _op("every_other", _every_other,
                   lambda x: x.new_empty(((x.shape[0] + 1) // 2, *x.shape[1:])))
+ADD2 = _op("add2", _add2, lambda a, b: torch.empty_like(a))
 # For the same rule on both runtimes, one op per runtime (rules are per op).
 T_RELU = _op("t_relu", _relu, _fake_like)
 T_FLIP = _op("t_flip0", _flip0, _fake_like)
@@ -146,6 +151,17 @@ def _every_other_even_only(call):
     return Sharding(inputs=(want,), outputs=(want,))
 
 
+@register_rule(ADD2)
+def _add_keeps_any_alike_layout(call):
+    # Wrong for Partial(max/min): pieces of a and of b add up to pieces of
+    # a + b only where one rank holds both extremes (right for sum and avg).
+    a, b = call.specs
+    if a.placements == b.placements:
+        return Sharding(inputs=(None, None), outputs=(a.placements,))
+    want = tuple(Replicate() for _ in a.placements)
+    return Sharding(inputs=(want, want), outputs=(want,))
+
+
 @torch_register_sharding(T_RELU)
 def _t_relu_keeps_partial(x):
     return [([TReplicate()], [TReplicate()]),
@@ -210,6 +226,16 @@ def test_wrong_output_placement_is_caught(world) -> None:
 def test_partial_kept_through_nonlinear_op_is_caught(world) -> None:
     msg = _caught(RELU)
     assert "P(" in msg.split("the rule claimed:")[1].split("\n")[0], msg
+
+
+@pytest.mark.world_size(2)
+def test_max_pieces_added_elementwise_are_caught(world) -> None:
+    # Each operand gets its own pieces, the extremes on varying ranks.
+    pairs = tensor_shapes(max_dims=2).flatmap(lambda s: st.tuples(
+        tensors(shape=s, dtype=torch.float32), tensors(shape=s, dtype=torch.float32)))
+    msg = _caught(ADD2, pairs.map(lambda ab: Sample(ab, {})), max_examples=300)
+    claimed = msg.split("the rule claimed:")[1].split("\n")[0]
+    assert "P(max)" in claimed or "P(min)" in claimed, msg
 
 
 @pytest.mark.world_size(2)

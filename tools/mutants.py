@@ -21,6 +21,9 @@ Mutants (docs/properties.md has the oracle that catches each):
         when redistributing (a one-rank group here, so it is counted, not hung)
     nonlinear_op_keeps_partial  a sharding rule keeps ``abs`` of a Partial
         input partial (abs is not linear)
+    max_pieces_added_elementwise  ``add``/``sub`` of two operands placed
+        alike as ``Partial(max)`` (or ``min``) keep them partial (right only
+        when one rank holds both extremes)
     gather_zeroes_tail_of_dim2_on_4  gathering tensor dim 2 of length 5 over a
         mesh axis of 4 zeroes the last entry (rare: the ``ci`` profile misses
         it; ``python -m launch fuzz`` finds it, see docs/fuzzing.md)
@@ -167,6 +170,30 @@ def _nonlinear_op_keeps_partial() -> None:
         # BUG: abs is not linear, yet the rule keeps Partial inputs partial.
         (spec,) = call.specs
         return Sharding(inputs=(None,), outputs=(spec.placements,))
+
+
+def _max_pieces_added_elementwise() -> None:
+    import torch
+
+    from dtensor.placement import Partial
+    from dtensor.rules import rule_for
+    from dtensor.sharding import Sharding, register_rule
+
+    extremes = (Partial("max"), Partial("min"))
+    for op in (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor):
+        builtin = rule_for(op)
+
+        def rule(call, builtin=builtin):
+            specs = call.specs
+            if (len(specs) == 2 and all(s is not None for s in specs)
+                    and specs[0].placements == specs[1].placements
+                    and all(p in extremes for p in specs[0].placements)):
+                # BUG: max(a) + max(b) is max(a + b) only where one rank
+                # holds both extremes
+                return Sharding(inputs=(None, None), outputs=(specs[0].placements,))
+            return builtin(call)
+
+        register_rule(op)(rule)
 
 
 def _gather_zeroes_tail_of_dim2_on_4() -> None:
@@ -547,6 +574,8 @@ MUTANTS = {
                                   "tests/properties/test_outsiders.py"),
     "nonlinear_op_keeps_partial": (_nonlinear_op_keeps_partial,
                                    "tests/properties/test_ops.py"),
+    "max_pieces_added_elementwise": (_max_pieces_added_elementwise,
+                                     "tests/properties/test_ops.py"),
     "gather_zeroes_tail_of_dim2_on_4": (_gather_zeroes_tail_of_dim2_on_4,
                                         "tests/properties/test_redistribute.py"),
     # bugs that leave full values intact or hide from generic draws

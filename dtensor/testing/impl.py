@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,10 +123,11 @@ class Impl:
                 idx = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
                 local = x[idx].clone()
             exact = exact_split(x) if exact is None else exact
+            salt = _salt(x) if any(isinstance(p, Partial) for p in ours) else 0
             for axis, p in enumerate(ours):
                 if isinstance(p, Partial):
                     local = partial_piece(local, p.reduce_op, mesh.shape[axis], coord[axis],
-                                          exact=exact)
+                                          exact=exact, salt=salt + axis)
         return self.DTensor.from_local(
             local, mesh, self.placements(ours), shape=tuple(x.shape),
             stride=x.stride() if x.is_contiguous() else None,
@@ -169,15 +171,21 @@ def exact_split(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all() and (x == x.round()).all() and x.abs().max() <= 64)
 
 
-def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool) -> torch.Tensor:
+def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool,
+                  salt: int = 0) -> torch.Tensor:
     """Coordinate ``c``'s piece (of ``n``) of value ``v`` under ``Partial(op)``.
 
     sum: ``v - (n-1)`` at 0 and ``1`` elsewhere (``v`` and zeros when the
     split would round: non-integer floats, inf/nan); avg: ``v + (n-1)`` at 0
-    and ``v - 1`` elsewhere (``v`` everywhere when inexact); max: ``v`` at 0
-    and ``v - 1`` elsewhere; min: ``v + 1`` elsewhere (bool: False / True).
-    Every rule is affine with slope 1 at each coordinate, so nested partial
-    axes reduce to ``v`` in any order.
+    and ``v - 1`` elsewhere (``v`` everywhere when inexact); max: ``v`` at
+    each element's holder and ``v - 1`` elsewhere; min: ``v + 1`` elsewhere
+    (bool: False / True). Element ``i`` is held by coordinate
+    ``(i + salt) % n``: ``from_blocks`` draws the salt from the whole
+    tensor's values, so two operands of one op rarely hold their extremes on
+    the same coordinates, and a rule that adds max pieces elementwise (right
+    only where one rank holds both extremes) shows. Each piece is a function
+    of the coordinate alone with slope 1, so nested partial axes, with mixed
+    reduce ops too, reduce to ``v`` in any order.
     """
     first = c == 0
     if op == "sum":
@@ -188,13 +196,26 @@ def partial_piece(v: torch.Tensor, op: str, n: int, c: int, *, exact: bool) -> t
         if not exact:
             return v
         return v + (n - 1) if first else v - 1
-    if first:
-        return v
-    if op == "max":
-        return torch.zeros_like(v) if v.dtype == torch.bool else v - 1
-    if op == "min":
-        return torch.ones_like(v) if v.dtype == torch.bool else v + 1
-    raise ValueError(f"partial_piece: unknown reduce op {op!r}")
+    if op not in ("max", "min"):
+        raise ValueError(f"partial_piece: unknown reduce op {op!r}")
+    held = ((torch.arange(v.numel()) + salt) % n == c).reshape(v.shape)
+    if v.dtype == torch.bool:
+        other = torch.zeros_like(v) if op == "max" else torch.ones_like(v)
+    else:
+        other = v - 1 if op == "max" else v + 1
+    return torch.where(held, v, other)
+
+
+def _salt(x: torch.Tensor) -> int:
+    """A number read off all of ``x``'s values (every rank reads the same),
+    spread by a multiplicative hash so nearby totals (integer data) land on
+    different coordinates."""
+    if x.numel() == 0:
+        return 0
+    finite = torch.nan_to_num(x.detach().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    weights = torch.arange(1, x.numel() + 1, dtype=torch.float64)
+    total = (finite.reshape(-1) * weights).sum().item()
+    return ((hash(total) if math.isfinite(total) else 0) * 0x9E3779B1 >> 16) & 0xFFFF
 
 
 def _world_key() -> str:

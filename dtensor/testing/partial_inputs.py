@@ -10,8 +10,10 @@ reduce) hold arbitrary pieces. Here, per ``Partial`` mesh axis:
 - ``sum``: random pieces on every coordinate but a drawn holder, which holds
   the value minus their sum;
 - ``avg``: the value plus random offsets that sum to zero over the axis;
-- ``max`` / ``min``: the value minus (plus) random non-negative offsets, the
-  holder's offset zero, so the extreme is held by the drawn coordinate.
+- ``max`` / ``min``: the value minus (plus) random non-negative offsets, zero
+  at each element's holder: the drawn coordinate shifted by a random amount
+  per element, so two operands (each with its own seed) rarely hold their
+  extremes on the same rank and a rule adding max pieces elementwise shows.
 
 Offsets depend on (seed, mesh axis, coordinate on that axis, global index)
 only, so pieces over several Partial axes, with mixed reduce ops too, reduce
@@ -54,6 +56,10 @@ class PartialSplit:
     def __repr__(self) -> str:
         return f"PartialSplit(holders={self.holders}, seed={self.seed})"
 
+    def for_operand(self, k: int) -> PartialSplit:
+        """The split of an op's ``k``-th tensor operand (its own offsets)."""
+        return self if k == 0 else PartialSplit(self.holders, self.seed + 7919 * k)
+
 
 def partial_splits(*, mesh_ndim: int, max_holder: int = 3
                    ) -> st.SearchStrategy[PartialSplit]:
@@ -76,19 +82,24 @@ def _split_axis(v: torch.Tensor, op: str, n: int, c: int, holder: int, seed: int
                 axis: int, exact: bool) -> torch.Tensor:
     """Coordinate ``c``'s piece (of ``n`` on ``axis``) of global value ``v``."""
     h = holder % n
+    if op in ("max", "min"):
+        g = torch.Generator().manual_seed(seed * 131 + axis + 65)
+        held = (torch.randint(0, n, v.shape, generator=g) + h) % n == c
     if v.dtype == torch.bool:
         g = torch.Generator().manual_seed(seed * 131 + axis)
         mask = torch.rand((n, *v.shape), generator=g) < 0.5
-        if c == h or op == "avg":
+        if op == "avg" or (op == "sum" and c == h):
             return v
-        return v | mask[c] if op == "min" else v & mask[c]
+        if op == "min":
+            return torch.where(held, v, v | mask[c])
+        return torch.where(held, v, v & mask[c]) if op == "max" else v & mask[c]
     low = v.dtype in (torch.float16, torch.bfloat16) and not exact
     if low and op in ("sum", "avg"):
         return v if c == h or op == "avg" else torch.zeros_like(v)
     d = _offsets(v.shape, v.dtype, n, seed, axis, exact)
     wide = v.to(torch.float64) if v.is_floating_point() else v.to(torch.int64)
     if op in ("max", "min"):
-        off = d[c].abs() if c != h else torch.zeros_like(d[c])
+        off = torch.where(held, 0, d[c].abs())
         out = wide - off if op == "max" else wide + off
     else:
         others = d.sum(0) - d[h]

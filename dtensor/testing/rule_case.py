@@ -15,6 +15,7 @@ device gives.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,7 +162,10 @@ def run_case(impl: Any, case: Case, *, rtol: float | None = None,
     exact = all(exact_split(x) for x in leaves)
     flat, tree = pytree.tree_flatten((case.sample.args, case.sample.kwargs))
     it = iter(case.placements)
-    dflat = [from_pieces(impl, x, mesh, next(it), case.split, exact=exact)
+    # Each operand its own pieces: one shared seed would put every operand's
+    # max/min extremes on the same coordinates.
+    k = itertools.count()
+    dflat = [from_pieces(impl, x, mesh, next(it), case.split.for_operand(next(k)), exact=exact)
              if isinstance(x, torch.Tensor) else x for x in flat]
     dargs, dkwargs = pytree.tree_unflatten(dflat, tree)
     err: BaseException | None = None

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtensor.testing import assert_matches_single_device, mesh_layouts, tensors
 from dtensor.testing.impl import exact_split
-from dtensor.testing.op_table import OPS, draw_op, op_tolerances, reference
+from dtensor.testing.op_table import OPS, TABLE, draw_op, op_tolerances, reference
 
 
 @pytest.mark.parametrize("case", OPS, ids=[f"{c.family}-{c.name}" for c in OPS])
@@ -60,6 +60,43 @@ def test_pointwise_on_alike_operands_keeps_layout_and_sends_nothing(n_ranks, wor
     assert comm.total == 0, f"{where}: {getattr(comm, 'counts', comm.total)}"
     assert tuple(out.placements) == tuple(ps), f"{where}: result {tuple(out.placements)}"
     assert_matches_single_device(out, case.fn(*xs), msg=where)
+
+
+# Every pointwise row of the op table with several operands (fixed-shape
+# rows at their example shapes).
+_MULTI_POINTWISE = [c for c in TABLE if c.family == "pointwise" and c.partial
+                    and c.example is not None and len(c.example) >= 2]
+
+
+@settings(max_examples=4 * settings.default.max_examples)
+@given(data=st.data())
+def test_pointwise_on_alike_partial_operands_matches_single_device(n_ranks, world, impl, data):
+    """Two operands with the same placements, a ``Partial`` of one reduce op
+    among them: what a rule may keep partial depends on every operand's
+    kind (``max`` pieces of ``a`` and ``b`` do not add up to pieces of
+    ``a + b``), and independent draws rarely give both operands one kind."""
+    from dtensor.placement import Partial
+    from dtensor.testing.strategies import placements
+
+    case = data.draw(st.sampled_from(_MULTI_POINTWISE), label="op")
+    layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
+    shapes = data.draw(case.shapes, label="shapes") if case.shapes else case.example
+    ndim = min(len(s) for s in shapes)
+    op = data.draw(st.sampled_from(("sum", "avg", "max", "min")), label="reduce op")
+    ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=ndim, reduce_ops=(op,),
+                              mixed_reduce_ops=False), label="placements")
+    axis = data.draw(st.integers(0, layout.ndim - 1), label="partial axis")
+    ps = tuple(Partial(op) if i == axis else p for i, p in enumerate(ps))
+    dtype = data.draw(st.sampled_from([d for d in case.dtypes if d != torch.bool]),
+                      label="dtype")
+    xs = [data.draw(tensors(shape=s, dtype=dtype, fills=("arange", "small")),
+                    label=f"operand {i}") for i, s in enumerate(shapes)]
+    expected = reference(case, xs)
+    mesh = impl.mesh(layout)
+    exact = all(exact_split(x) for x in xs)
+    dts = [impl.from_blocks(x, mesh, ps, exact=exact) for x in xs]
+    assert_matches_single_device(case.fn(*dts), expected, **op_tolerances(case, dtype),
+                                 msg=f"{case.name} on {[str(p) for p in ps]} over {layout}")
 
 
 @pytest.mark.world_size(2)
