@@ -328,6 +328,8 @@ def _optimizer_clip_and_norm_calls() -> None:
                                  (2, 4, 2, 4, 4))):
         unpool(*pool(torch.randn(shape), 2, return_indices=True), 2)
     nn.functional.embedding(torch.tensor([1, 3]), torch.randn(10, 5))
+    # tests/test_comm_audit_matmul_dist.py: vdot
+    torch.vdot(torch.randn(6), torch.randn(6))
 
 
 def _ops_run_by_the_distributed_tests() -> set:

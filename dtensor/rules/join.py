@@ -9,6 +9,8 @@ sharded apart from its source is met as the rules below say.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dtensor._norm_wire import refuse_negative
@@ -133,6 +135,10 @@ def stack_rule(call):
 
 
 # index_select / gather / take ------------------------------------------------------
+def _nbytes(spec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize
+
+
 def _picks_through(p) -> bool:
     """Pieces that a pick of elements keeps as pieces: partial sums, and
     max/min pieces (the max of picked elements is the pick of the max)."""
@@ -166,7 +172,9 @@ def gather_rule(call):
     dim = norm_dim(bind(call)["dim"], x.ndim)
     wx, wi, out = [], [], []
     for px, pi in zip(x.placements, index.placements, strict=True):
-        if isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]:
+        if (isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]
+                and not (pi == Shard(dim) and _nbytes(x) < _nbytes(index))):
+            # (an index cut along ``dim`` stays where moving it costs more than x)
             wx.append(px), wi.append(px), out.append(px)
         elif _picks_through(px) and not isinstance(pi, Shard):
             wx.append(px), wi.append(Replicate()), out.append(px)
@@ -184,13 +192,16 @@ def gather_rule(call):
 
 def take_rule(call):
     """``take(x, index)``: x read as one flat tensor, so x is whole (or
-    pieces, against a replicated index) and the output is cut as the index."""
+    pieces, against a replicated index) and the output is cut as the index.
+    Pieces of both: x's stay where the index (the output's size) has no
+    more elements, so reducing the index and the output moves the least."""
     x, index = call.specs
     wx, wi, out = [], [], []
     for px, pi in zip(x.placements, index.placements, strict=True):
         if isinstance(pi, Shard):
             wx.append(Replicate()), wi.append(pi), out.append(pi)
-        elif _picks_through(px) and not isinstance(pi, Partial):
+        elif _picks_through(px) and (not isinstance(pi, Partial)
+                                     or math.prod(index.shape) <= math.prod(x.shape)):
             wx.append(px), wi.append(Replicate()), out.append(px)
         else:
             wx.append(Replicate()), wi.append(Replicate()), out.append(Replicate())

@@ -1,4 +1,4 @@
-"""Matrix products: mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm, addr.
+"""Matrix products: mm, bmm, mv, dot, vdot, addmm, baddbmm, addmv, addbmm, addr.
 
 Each op is an einsum over dim letters (mm: ``mk,kn->mn``). Per mesh axis the
 rule picks the cheapest of: both replicated; one output letter sharded (the
@@ -6,11 +6,17 @@ operands holding it sharded on it, the others replicated); a contracted
 letter sharded on both operands (output ``Partial(sum)``); one partial
 operand times a replicated one (output keeps the partial). Cost counts the
 elements each operand must move to reach its layout (slicing a replicated
-operand is nearly free), and a ``Partial(sum)`` output counts the reduction
-it needs before it is read whole; pieces of a max/min, which must be reduced first,
-go onto a shard (reduce-scatter) where gathering or reducing the smaller
-output later costs less than replicating them (all-reduce). ``matmul``, ``linear`` and ``einsum`` decompose
-into these ops and views before they reach the dispatcher.
+operand is nearly free; a shard of another dim is a gather, then a slice),
+and a ``Partial(sum)`` output counts the reduction it needs before it is read
+whole, as does a sharded output of an outer product (``addr``: it holds more
+than its operands together, so gathering an operand costs less than
+gathering the output later). A shard the operands did not lay out (one moved
+from another dim) is kept only where replicating every operand costs more
+than that move plus gathering the output later. Pieces of a max/min, which
+must be reduced first, go onto a shard (reduce-scatter) where gathering or
+reducing the smaller output later costs less than replicating them
+(all-reduce). ``matmul``, ``linear`` and ``einsum`` decompose into these ops
+and views before they reach the dispatcher.
 """
 
 from __future__ import annotations
@@ -36,9 +42,8 @@ def _cost(p, w, numel: int) -> float:
     if isinstance(w, Replicate):
         return float(numel)
     if isinstance(w, Shard):
-        if isinstance(p, Replicate):
-            return 0.01 * numel
-        return (2.0 if isinstance(p, Shard) else 1.0) * numel
+        # from another shard: gathered, then sliced (as a gather costs)
+        return 0.01 * numel if isinstance(p, Replicate) else float(numel)
     # w is Partial: only a replicated operand may become partial cheaply.
     return 0.01 * numel if isinstance(p, Replicate) else _INF
 
@@ -65,9 +70,11 @@ def _extreme(p) -> bool:
     return isinstance(p, Partial) and p.reduce_op in ("max", "min")
 
 
-def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) -> float:
+def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None,
+           gathered: bool = False) -> float:
     """What a choice costs after the op. Usually only a tie-break against a
-    partial output. With pieces of a max/min, which must be reduced here,
+    partial output; with ``gathered`` (an outer product) a sharded output
+    counts its gather too. With pieces of a max/min, which must be reduced here,
     reducing one onto a shard (reduce-scatter) costs half of replicating it
     (all-reduce), but leaves the output to gather (sharded) or reduce
     (partial sum) later: the cheaper depends on the output's size. Not with
@@ -77,7 +84,9 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) ->
         # Partial sums are reduced before they are read whole: counted as one
         # reduce-scatter of the output, so a small operand is gathered rather
         # than a large output left to reduce (bmm of (b, m, 1) by (b, 1, n)).
-        return 1e-3 + no if isinstance(o, Partial) else 0.0
+        if isinstance(o, Partial):
+            return 1e-3 + no
+        return float(no) if gathered and isinstance(o, Shard) else 0.0
     if isinstance(o, Shard) and out_shape[o.dim] < ranks:
         return _INF  # some ranks would hold nothing, yet pay the reduction
     more = (na if _extreme(pa) and isinstance(wa, Replicate) else 0) + (
@@ -85,25 +94,41 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None) ->
     return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
 
 
+def _resharded(p, w) -> bool:
+    return isinstance(p, Shard) and isinstance(w, Shard) and p != w
+
+
 def _choose(la, lb, lo, a, b, out_shape, bias=None):
     """Per mesh axis, the cheapest candidate; a bias (its spec) counts what
-    it must move to the output's layout too."""
+    it must move to the output's layout too. Where the cheapest moves an
+    operand from a shard of one dim to another (a gather, then a slice) and
+    replicating every operand costs no more than that plus gathering the
+    output later, all are replicated: the output comes out whole."""
     na, nb = math.prod(a.shape), math.prod(b.shape)
+    no = math.prod(out_shape)
     nbias = math.prod(bias.shape) if bias is not None else 0
+    grows = not (set(la) & set(lb)) - set(lo)  # no contracted letter
     wa_all, wb_all, out = [], [], []
     for axis, (pa, pb) in enumerate(zip(a.placements, b.placements, strict=True)):
-        best = None
+        best = whole = None
         ranks = None if bias is not None else a.mesh.size(axis)
         pbias = bias.placements[axis] if bias is not None else None
         for wa, wb, o in _candidates(la, lb, lo, pa, pb, pbias):
             c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
-                o, pa, pb, wa, wb, na, nb, out_shape, ranks)
+                o, pa, pb, wa, wb, na, nb, out_shape, ranks, grows)
+            moved = _resharded(pa, wa) or _resharded(pb, wb)
             if bias is not None:
                 wbias = shard_through_broadcast(o, bias.shape, out_shape) \
                     if isinstance(o, Shard) else o
                 c += _cost(pbias, wbias, nbias)
-            if best is None or c < best[0]:
-                best = (c, wa, wb, o)
+                moved = moved or _resharded(pbias, wbias)
+            if whole is None:  # the first candidate: all replicated
+                whole = (c, wa, wb, o)
+            # of equal costs, one that keeps the operands' shards
+            if best is None or (c, moved) < (best[0], best[4]):
+                best = (c, wa, wb, o, moved)
+        if best[4] and isinstance(best[3], Shard) and whole[0] <= best[0] + no:
+            best = whole
         wa_all.append(best[1])
         wb_all.append(best[2])
         out.append(best[3])
@@ -160,6 +185,7 @@ RULES: dict = {
     aten.bmm.default: einsum_rule("bmk,bkn->bmn"),
     aten.mv.default: einsum_rule("mk,k->m"),
     aten.dot.default: einsum_rule("k,k->"),
+    aten.vdot.default: einsum_rule("k,k->"),  # conj(a) . b: local pieces sum alike
     aten.addmm.default: einsum_rule("mk,kn->mn", bias=True),
     aten.baddbmm.default: einsum_rule("bmk,bkn->bmn", bias=True),
     aten.addmv.default: einsum_rule("mk,k->m", bias=True),

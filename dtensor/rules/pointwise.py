@@ -1,9 +1,11 @@
 """Pointwise ops: unary, binary, ternary, with broadcasting and in-place forms.
 
 The output keeps, per mesh axis, the operand shard (mapped through
-broadcasting) that leaves the fewest operand bytes to move (the first
-operand's of equals), so elementwise ops on identically placed operands
-never communicate and differently placed ones move the least. Partial
+broadcasting) that leaves the fewest operand bytes to move (of equals, the
+lowest output dim: a later reduction over trailing feature dims, as a norm
+or a loss does, then keeps it, and PyTorch breaks the tie alike), so
+elementwise ops on identically placed operands never communicate and
+differently placed ones move the least. Partial
 operands survive only through linear ops (``neg``, ``add``/``sub`` of
 partial sums and replicated values, ``mul``/``div`` of one partial operand
 by replicated values, a second partial factor reduced) and through
@@ -99,8 +101,12 @@ def _partial_inputs(func, specs, axis: int) -> tuple[Placement, tuple[Placement,
             return None
         return partial[0], (partial[0], partial[0])
     if func in _MULTIPLICATIVE:
-        # The numerator of a division; else the first partial factor.
+        # The numerator of a division; else the first partial factor, or out
+        # of place the largest (the others are reduced: the fewest elements).
         first = 0 if func in (aten.div.Tensor, aten.div_.Tensor) else kinds.index(partial[0])
+        if func == aten.mul.Tensor:
+            first = max((i for i, p in enumerate(kinds) if isinstance(p, Partial)),
+                        key=lambda i: (math.prod(specs[i].shape), -i))
         if not isinstance(kinds[first], Partial):
             return None
         return kinds[first], tuple(p if i == first else Replicate() for i, p in enumerate(kinds))
@@ -156,8 +162,8 @@ def pointwise_rule(call):
                         for e, q in enumerate(out) if isinstance(q, Shard) and q.dim == od
                     ):
                         options.append(Shard(od))
-            if options:  # the shard that moves the fewest operand bytes (first of equals)
-                choice = min(options, key=lambda c: _moved(specs, axis, c, shape))
+            if options:  # the shard that moves the fewest operand bytes (lowest dim of equals)
+                choice = min(options, key=lambda c: (_moved(specs, axis, c, shape), c.dim))
         out.append(choice)
 
     # Operands take the output's shards (nested ones in mesh-axis order);
