@@ -9,11 +9,18 @@ single-device value:
 - ``log_sigmoid_forward`` is point-wise (``F.logsigmoid``,
   ``multilabel_soft_margin_loss``; dtensor/rules/pointwise.py);
 - an integer-to-float cast keeps pieces (``masked.std``'s element count;
-  dtensor/rules/tensor_ops.py).
+  dtensor/rules/tensor_ops.py);
+- a point-wise op of operands cut on different dims, each moving as many
+  bytes, keeps the lower dim's shard: the triplet losses' distances and the
+  cosine losses reduce over the trailing feature dim, which the batch shard
+  leaves whole (dtensor/rules/pointwise.py).
 
-And one accepted difference (``comm_audit.ACCEPTED``): PyTorch's
-``gaussian_nll_loss`` of sharded operands checks ``any(var < 0)`` on each
-rank's block alone, sending nothing where ours combines the ranks' answers.
+And accepted differences, where PyTorch sends less by computing something
+else: its ``gaussian_nll_loss`` of sharded operands checks ``any(var < 0)``
+on each rank's block alone, sending nothing where ours combines the ranks'
+answers; its mean ``nll_loss`` (cross entropy) of a sharded batch averages
+the ranks' means, wrong where the ranks' weight totals differ (ignored
+targets, class weights), where ours sends the sum and the total.
 """
 
 from __future__ import annotations
@@ -80,3 +87,37 @@ def test_torch_any_of_a_shard_reads_only_the_local_block(world) -> None:
         seen[name] = bool(torch.any(d < 0))
     assert seen["ours"] is True
     assert seen["torch"] is (world.rank == 1)  # rank 0 never sees the negative value
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layouts", [("S1", "S0", "R"), ("S1", "R", "S0"),
+                                     ("S1", "S0", "S1"), ("S1", "S1", "S0")])
+@pytest.mark.parametrize("loss", ["margin", "with_distance"])
+def test_triplet_losses_of_an_s1_anchor_keep_the_batch_shard(world, loss, layouts) -> None:
+    xs = [_pieces((5, 10), 87 + i, 1) for i in range(3)]
+    fn = (F.triplet_margin_loss if loss == "margin"
+          else F.triplet_margin_with_distance_loss)
+    _check_no_more_than_torch(world, fn, [(lay, ps) for lay, ps in zip(layouts, xs, strict=True)])
+
+
+@pytest.mark.world_size(2)
+def test_cosine_losses_of_mixed_cuts_keep_the_batch_shard(world) -> None:
+    a, b = _pieces((5, 10), 90, 1), _pieces((5, 10), 91, 1)
+    target = [torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0])]
+    _check_no_more_than_torch(world, F.cosine_similarity, [("S1", a), ("S0", b)])
+    _check_no_more_than_torch(world, F.cosine_embedding_loss,
+                              [("S1", a), ("S0", b), ("R", target)])
+
+
+@pytest.mark.world_size(2)
+def test_torch_mean_nll_loss_averages_the_ranks_means(world) -> None:
+    """Why mean cross entropy of a sharded batch sends 4 B more than PyTorch:
+    its mean of the ranks' means is wrong where a rank's targets are ignored."""
+    from test_comm_audit_fixes_dist import _run
+
+    logits = _pieces((4, 3), 92, 1)
+    target = [torch.tensor([0, -100, 1, 2])]  # rank 0 holds one counted target, rank 1 two
+    got, want = _run(world, F.cross_entropy, [("S0", logits), ("S0", target)])
+    torch.testing.assert_close(got["ours"][2], want)
+    assert not torch.allclose(got["torch"][2], want)
+    assert (got["ours"][1], got["torch"][1]) == (8, 4)  # the sum and the total; one mean

@@ -13,7 +13,9 @@ single-device value:
 - ``isin`` keeps the elements' shards and makes the test set whole
   (dtensor/rules/tensor_ops.py);
 - ``amax``/``amin`` of pieces of their own extreme over unsharded dims
-  stay pieces (dtensor/rules/extremes.py; the repeat cases end with them).
+  stay pieces (dtensor/rules/extremes.py; the repeat cases end with them);
+- ``clamp`` of a replicated input by bounds cut on different dims keeps the
+  lower dim's shard, as PyTorch (dtensor/rules/pointwise.py).
 """
 
 from __future__ import annotations
@@ -76,3 +78,9 @@ def test_any_of_partial_sums_reduces_the_pieces_first(world) -> None:
     for name, (lib, mesh) in _libs(world).items():
         got[name] = bool(torch.any(_make(lib, mesh, "Psum", pieces, world.rank)).full_tensor())
     assert got == {"ours": False, "torch": True}, got
+
+
+@pytest.mark.world_size(2)
+def test_clamp_by_bounds_cut_on_different_dims(world) -> None:
+    x, lo, hi = _pieces((5, 10, 5), 97, 1), _pieces((10, 5), 98, 1), _pieces((10, 5), 99, 1)
+    _check_no_more_than_torch(world, torch.clamp, [("R", x), ("S1", lo), ("S0", hi)])

@@ -9,7 +9,12 @@ equal the single-device value:
 - resampling (``F.interpolate``) keeps batch and channel shards and the
   pieces of a sum;
 - ``grid_sample`` keeps a batch shard of input and grid, and the input's
-  pieces of a sum beside a whole grid.
+  pieces of a sum beside a whole grid;
+- pooling (dtensor/rules/batched.py) gathers a batch shorter than the mesh
+  axis where its outputs (values and indices, or a padded window's larger
+  output) are the larger, and reduces pieces onto a leading dim, evenly cut
+  or not, only where that and gathering the pooled values later send less
+  than an all-reduce.
 
 And one accepted difference (``comm_audit.ACCEPTED``): PyTorch passes
 ``Partial("max")`` pieces through an FFT, which sends less but is wrong.
@@ -20,7 +25,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_comm_audit_fixes_dist import _check_no_more_than_torch, _pieces, _run
+from test_comm_audit_fixes_dist import (
+    _check_no_more_than_torch,
+    _global,
+    _libs,
+    _make,
+    _pieces,
+    _run,
+)
 
 
 def _complex(shape, seed: int, n: int = 2) -> list[torch.Tensor]:
@@ -71,3 +83,57 @@ def test_fft_of_max_pieces_is_right_where_torch_is_not(world) -> None:
     got, want = _run(world, lambda x: torch.fft.irfft(x, n=6), [("Pmax", pieces)])
     torch.testing.assert_close(got["ours"][2], want)
     assert not torch.allclose(got["torch"][2], want)  # max of each piece's FFT
+
+
+def _check_pool(world, fn, layout, pieces) -> None:
+    """``_check_no_more_than_torch`` for a pooling call returning (values, indices)."""
+    from _comm_bytes import CommBytes
+
+    got = {}
+    for name, (lib, mesh) in _libs(world).items():
+        x = _make(lib, mesh, layout, pieces, world.rank)
+        with CommBytes() as cb:
+            full = [t.full_tensor() for t in fn(x)]
+        got[name] = (len(cb.records), cb.wire, full)
+    want = fn(_global(layout, pieces))
+    (oc, ow, ov), (tc, tw, _) = got["ours"], got["torch"]
+    for g, w in zip(ov, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert ow < tw + 1e-6, f"ours {oc} collectives / {ow:.0f} B, torch {tc} / {tw:.0f} B"
+    assert ow < tw - 1e-6 or oc <= tc, f"ours {oc} collectives, torch {tc} ({ow:.0f} B)"
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("case", ["adaptive_max2d", "max1d"])
+def test_pooling_gathers_a_short_batch_whose_indices_outweigh_it(world, case) -> None:
+    if case == "adaptive_max2d":
+        fn, shape = (lambda x: F.adaptive_max_pool2d(x, (2, 3), return_indices=True),
+                     (1, 4, 4, 4))
+    else:
+        fn, shape = (lambda x: F.max_pool1d(x, 3, 2, ceil_mode=True, return_indices=True),
+                     (1, 2, 3))
+    _check_pool(world, fn, "S0", _pieces(shape, 74, 1))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layout", ["S0", "Pmax"])
+def test_pooling_gathers_a_short_batch_whose_output_outgrows_it(world, layout) -> None:
+    _check_no_more_than_torch(
+        world, lambda x: F.avg_pool3d(x, 2, 1, 1, ceil_mode=True, count_include_pad=False,
+                                      divisor_override=2),
+        [(layout, _pieces((1, 2, 4, 4, 4), 75))])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["Pmax", "Pmin"])
+def test_pooling_reduces_pieces_onto_an_uneven_channel_dim(world, kind) -> None:
+    _check_no_more_than_torch(
+        world, lambda x: F.avg_pool2d(x, (4, 4), (2, 3), 1, True, False, 2),
+        [(kind, _pieces((1, 3, 9, 9), 76))])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["Psum", "Pmax"])
+def test_max_pool_without_indices_reduces_pieces_onto_channels(world, kind) -> None:
+    _check_no_more_than_torch(world, lambda x: F.max_pool1d(x, 3, 2, ceil_mode=True),
+                              [(kind, _pieces((1, 2, 3), 77))])

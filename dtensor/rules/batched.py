@@ -6,8 +6,9 @@ the other dims stay where they are and nothing is sent:
   PyTorch does); a shard of ``dim`` itself is gathered first;
 - pooling (max/avg, adaptive, 2-D and 3-D windows, 2-D backward): the
   leading (batch, channel) dims keep their shards (a channel shard only
-  where no rank's block is empty: the kernels refuse zero channels),
-  spatial dims are whole;
+  where no rank's block is empty: the kernels refuse zero channels; a
+  batch shorter than the mesh axis only where the outputs are smaller than
+  the operands), spatial dims are whole;
 - ``native_group_norm`` over batch shards: statistics are per sample;
 - ``max_unpool2d``/``3d``: input and indices cut alike on the leading dims;
 - ``histc`` with a fixed range: each rank counts its own elements, the
@@ -16,18 +17,22 @@ the other dims stay where they are and nothing is sent:
   and ``prims.view_of``, keep the layout (PyTorch: no communication).
 
 Partial operands are reduced first (none of these is linear in them);
-pooling reduces them onto a shard of a leading dim where one divides evenly.
+pooling reduces them onto a shard of a leading dim where that and gathering
+the output later send less than an all-reduce.
 Example: ``kthvalue(x, 2, dim=1)`` of a ``Shard(0)`` tensor returns
 ``Shard(0)`` values and indices, with no collective.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
 from dtensor.rules._util import bind, norm_dim, reduced_shard
 from dtensor.sharding import Sharding
+from dtensor.spec import DTensorSpec
 
 __all__ = ["RULES"]
 
@@ -65,18 +70,54 @@ def pooling_rule(spatial: int, linear: bool = False):
                        and _blocks_allowed(first, lead, axis, p.dim))
                  or (keep_linear and is_linear_partial(p)) else Replicate()
                  for axis, p in enumerate(first.placements)]
+        sizes = None  # bytes of operands, outputs, first output; where needed
+        for axis, p in enumerate(place):
+            if isinstance(p, Shard) and first.shape[p.dim] < first.mesh.size(axis):
+                # A batch shorter than the axis leaves ranks empty: the shard
+                # saves nothing here, and gathering the outputs later (values
+                # and int64 indices, or a padded window's larger output)
+                # moves more than gathering the operands now, where those
+                # are the larger (PyTorch gathers such a shard always).
+                sizes = sizes or _sizes(call)
+                if sizes is None or sizes[1] >= sizes[0]:
+                    place[axis] = Replicate()
         # Other pieces are reduced onto a shard of a leading dim (reduce-scatter,
-        # half an all-reduce) rather than replicated: the output keeps that
-        # shard, and gathering it later sends the pooled (smaller) tensor.
+        # half an all-reduce) where that and gathering the pooled output later
+        # send less than an all-reduce; else they are replicated.
         for axis, p in enumerate(place):
             if isinstance(p, Replicate) and any(
                     isinstance(s.placements[axis], Partial) for s in call.specs):
-                place[axis] = _free_lead_shard(first, lead, axis, place)
+                sizes = sizes or _sizes(call)
+                place[axis] = _reduce_onto(first, lead, axis, place, call.specs, sizes)
         place = tuple(place)
         n = len(call.func._schema.returns)
         return Sharding((place,) * len(call.specs), (place,) * n)
 
     return rule
+
+
+def _nbytes(spec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize
+
+
+def _sizes(call) -> tuple[int, int, int] | None:
+    """Bytes of a pooling call's operands, of its outputs and of its first
+    output (the values beside indices), from the op on meta tensors; None
+    where that fails."""
+    def meta(x):
+        if isinstance(x, DTensorSpec):
+            return torch.empty_strided(x.shape, x.stride, dtype=x.dtype, device="meta")
+        if isinstance(x, (list, tuple)):
+            return type(x)(meta(y) for y in x)
+        return x
+
+    try:
+        out = call.func(*meta(call.args), **{k: meta(v) for k, v in call.kwargs.items()})
+    except Exception:  # the op raises its own error when it runs
+        return None
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    out_bytes = [t.numel() * t.element_size() for t in outs]
+    return sum(_nbytes(s) for s in call.specs), sum(out_bytes), out_bytes[0]
 
 
 def _blocks_allowed(spec, lead: int, axis: int, dim: int) -> bool:
@@ -89,15 +130,33 @@ def _blocks_allowed(spec, lead: int, axis: int, dim: int) -> bool:
     return -(-size // n) * (n - 1) < size
 
 
-def _free_lead_shard(spec, lead: int, axis: int, place) -> Shard | Replicate:
-    """A leading dim of ``spec`` that mesh ``axis`` cuts evenly and that no
-    other axis shards, as a ``Shard``; ``Replicate`` where there is none."""
+def _reduce_onto(spec, lead: int, axis: int, place, specs, sizes) -> Shard | Replicate:
+    """Where pieces on mesh ``axis`` go: a leading dim that no other axis
+    shards and that leaves no channel block empty, the one padded least
+    (then the lowest), where reduce-scattering the pieces and gathering the
+    outputs later sends less than all-reducing the pieces; else
+    ``Replicate``.
+
+    Per rank, in units of ``(n - 1) / n`` of a buffer: an all-reduce sends
+    twice the pieces' bytes; a reduce-scatter onto dim ``d`` and the gather
+    of the values send pieces plus values, times the padding of ``d``'s
+    blocks (``ceil(size / n) * n / size``). Indices are left out: often
+    dropped (``F.max_pool2d``) or kept for the backward, never gathered;
+    where they are, PyTorch, which always reduce-scatters, gathers them too."""
+    if sizes is None:
+        return Replicate()
     n = spec.mesh.size(axis)
+    pieces = sum(_nbytes(s) for s in specs if isinstance(s.placements[axis], Partial))
     taken = {q.dim for q in (*place, *spec.placements) if isinstance(q, Shard)}
+    best, best_pad = Replicate(), None
     for d in range(lead):
-        if d not in taken and spec.shape[d] >= n and spec.shape[d] % n == 0:
-            return Shard(d)
-    return Replicate()
+        size = spec.shape[d]
+        if d in taken or size < n or not _blocks_allowed(spec, lead, axis, d):
+            continue
+        pad = -(-size // n) * n / size
+        if pad * (pieces + sizes[2]) < 2 * pieces and (best_pad is None or pad < best_pad):
+            best, best_pad = Shard(d), pad
+    return best
 
 
 def group_norm_rule(call):
