@@ -73,6 +73,9 @@ class SimMode:
     store = None  # the ranks are threads of this process
 
     def __init__(self, config: pytest.Config) -> None:
+        from launch.sim.world import one_malloc_arena
+
+        one_malloc_arena()  # before torch or pytest start threads of their own
         self.config = config
         spec = config.getini("dist_sim_rank_init")
         self.rank_init = _load(spec) if spec else None
