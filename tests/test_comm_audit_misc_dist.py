@@ -15,7 +15,13 @@ single-device value:
 - ``amax``/``amin`` of pieces of their own extreme over unsharded dims
   stay pieces (dtensor/rules/extremes.py; the repeat cases end with them);
 - ``clamp`` of a replicated input by bounds cut on different dims keeps the
-  lower dim's shard, as PyTorch (dtensor/rules/pointwise.py).
+  lower dim's shard, as PyTorch (dtensor/rules/pointwise.py);
+- ``cat`` (``column_stack``, ``dstack``) joins on the operand shard that
+  moves the fewest bytes, the output's padded gather counted
+  (dtensor/rules/join.py);
+- ``bucketize`` by boundaries cut along their dim counts per block
+  (``Partial(sum)``), and keeps the values' shard
+  (dtensor/rules/bucketize.py).
 """
 
 from __future__ import annotations
@@ -84,3 +90,80 @@ def test_any_of_partial_sums_reduces_the_pieces_first(world) -> None:
 def test_clamp_by_bounds_cut_on_different_dims(world) -> None:
     x, lo, hi = _pieces((5, 10, 5), 97, 1), _pieces((10, 5), 98, 1), _pieces((10, 5), 99, 1)
     _check_no_more_than_torch(world, torch.clamp, [("R", x), ("S1", lo), ("S0", hi)])
+
+
+@pytest.mark.world_size(2)
+def test_column_stack_joins_on_a_shard_longer_than_the_axis(world) -> None:
+    # operand 0's dim 2 has size 1: kept, rank 1's pieces are empty and
+    # gathering the output sends it whole from every rank's padded piece
+    a, b = _pieces((5, 2, 1), 100, 1), _pieces((5, 3, 1), 101, 1)
+    _check_no_more_than_torch(world, lambda x, y: torch.column_stack([x, y]),
+                              [("S2", a), ("S0", b)])
+
+
+@pytest.mark.world_size(2)
+def test_dstack_joins_on_the_shard_that_moves_the_fewest_operands(world) -> None:
+    a, b, c = (_pieces((5, 5), s, 1) for s in (102, 103, 104))
+    _check_no_more_than_torch(world, lambda x, y, z: torch.dstack([x, y, z]),
+                              [("S0", a), ("S1", b), ("S1", c)])
+
+
+@pytest.mark.world_size(2)
+def test_stack_on_dims_shorter_than_the_axis_joins_whole_operands(world) -> None:
+    # every operand shard cuts a dim of size 1: the output would sit on one
+    # rank, so gathering the operands moves less than any shard
+    a, b, c = (_pieces((1, 2, 1, 4), s, 1) for s in (110, 111, 112))
+    _check_no_more_than_torch(world, lambda x, y, z: torch.stack([x, y, z], -1),
+                              [("S0", a), ("S0", b), ("S2", c)])
+
+
+def _sorted_boundaries(n: int, seed: int) -> list[torch.Tensor]:
+    return [torch.sort(_pieces((n,), seed, 1)[0]).values]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_bucketize_by_cut_boundaries_counts_per_block(world, right, out_int32) -> None:
+    """Each rank counts its own block of the sorted boundaries below each
+    value: ``Partial(sum)`` counts, where gathering the boundaries costs more."""
+    def fn(x, b):
+        return torch.bucketize(x, b, right=right, out_int32=out_int32)
+
+    bounds = _sorted_boundaries(9, 105)
+    bounds[0][3] = bounds[0][4]  # a tie: right= decides which block counts it
+    values = [torch.cat([bounds[0][2:6], torch.tensor([-9.0, 9.0])])]
+    _check_no_more_than_torch(world, fn, [("R", [values[0][3].clone()]), ("S0", bounds)])
+    _check_no_more_than_torch(world, fn, [("R", values), ("S0", bounds)])
+    # values cut, boundaries whole: elementwise, the values' shard stays
+    _check_no_more_than_torch(world, fn, [("S0", _pieces((6, 3), 106, 1)), ("R", bounds)])
+
+
+
+def _ours(world, fn, inputs):
+    """(collectives, wire bytes) of ours alone (PyTorch's DTensor has no
+    rule for these calls), checked against the single-device value."""
+    from _comm_bytes import CommBytes
+    from test_comm_audit_fixes_dist import _libs, _make
+
+    lib, mesh = _libs(world)["ours"]
+    args = [_make(lib, mesh, lay, ps, world.rank) for lay, ps in inputs]
+    with CommBytes() as cb:
+        full = fn(*args).full_tensor()
+    torch.testing.assert_close(full, fn(*[ps[0] for _, ps in inputs]))
+    return len(cb.records), cb.wire
+
+
+@pytest.mark.world_size(2)
+def test_searchsorted_by_cut_rows_counts_per_block(world) -> None:
+    seq = [torch.sort(_pieces((3, 9), 107, 1)[0], dim=-1).values]
+    values = _pieces((3, 2), 108, 1)
+    # int64 counts all-reduced (48 B) against the rows gathered (60 B)
+    assert _ours(world, torch.searchsorted, [("S1", seq), ("R", values)]) == (1, 48)
+    # cut alike along the batch dim, or the values cut: the output's gather
+    assert _ours(world, torch.searchsorted, [("S0", seq), ("S0", values)]) == (1, 32)
+    assert _ours(world, torch.searchsorted, [("R", seq), ("S1", values)]) == (1, 24)
+    flat = _sorted_boundaries(9, 109)
+    for fn in (lambda s: torch.searchsorted(s, 0.1, side="right"),
+               lambda b: torch.bucketize(0.1, b)):
+        assert _ours(world, fn, [("S0", flat)]) == (1, 8)  # one count all-reduced

@@ -284,11 +284,15 @@ def _optimizer_clip_and_norm_calls() -> None:
     torch.rsub(x, x)
     nn.functional.adaptive_avg_pool3d(torch.randn(2, 3, 2, 4, 4), 2)
     # tests/test_comm_audit_misc_dist.py: isin (a tensor or a scalar test
-    # set), linalg.cross, repeat
+    # set), linalg.cross, repeat, bucketize, searchsorted
     torch.isin(x, torch.tensor([1.0, 2.0]))
     torch.isin(x, 2.0)
     torch.linalg.cross(torch.randn(4, 3), torch.randn(4, 3))
     x.repeat(2, 1)
+    torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0]), right=True)
+    torch.bucketize(0.1, torch.tensor([-1.0, 0.0, 1.0]))
+    torch.searchsorted(torch.tensor([[-1.0, 0.0, 1.0]]), torch.randn(1, 2))
+    torch.searchsorted(torch.tensor([-1.0, 0.0, 1.0]), 0.1, side="right")
     # tests/test_loss_rules_nd_dist.py: N-d cross entropy (nll_loss2d) and the
     # element-wise losses, forward and backward
     logits = torch.randn(3, 4, 5, 2, requires_grad=True)

@@ -13,6 +13,7 @@ import torch
 from dtensor.rules import (
     batch_norm,
     batched,
+    bucketize,
     extremes,
     foreach,
     join,
@@ -32,7 +33,7 @@ __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
 _FAMILIES = (pointwise, tensor_ops, reduction, extremes, matmul, view, join, nn, norms,
-             foreach, batched, spatial, scatter, batch_norm)
+             foreach, batched, spatial, scatter, batch_norm, bucketize)
 for _family in _FAMILIES:
     RULES.update(_family.RULES)
 

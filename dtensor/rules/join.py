@@ -24,6 +24,10 @@ aten = torch.ops.aten
 
 
 # cat / stack -------------------------------------------------------------------------
+def _nbytes(spec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize
+
+
 def _join(specs, dim: int, shift: bool):
     """Shared placements for concatenated operands; their output placements."""
     want, out = [], []
@@ -40,20 +44,50 @@ def _join(specs, dim: int, shift: bool):
             # pieces: clip_grad_norm_'s stack of per-tensor norms).
             choice = next(iter(partials))
         else:
-            for s, k in zip(specs, kinds):
-                # A dim sharded on earlier axes is sharded again (nested) only
-                # from an operand that nests it so itself: it moves nothing.
-                if isinstance(k, Shard) and (shift or k.dim != dim) and all(
-                    s.placements[e] == k for e, q in enumerate(want) if q == k
-                ):
-                    choice = k
-                    break
+            # A dim sharded on earlier axes is sharded again (nested) only
+            # from an operand that nests it so itself: it moves nothing.
+            shards = [k for s, k in zip(specs, kinds, strict=True)
+                      if isinstance(k, Shard) and (shift or k.dim != dim) and all(
+                          s.placements[e] == k for e, q in enumerate(want) if q == k)]
+            n = specs[0].mesh.shape[axis]
+            if shards and all(specs[0].shape[k.dim] < n for k in shards):
+                # a dim shorter than the axis leaves ranks holding nothing:
+                # no better than whole operands, unless it moves less
+                shards.append(Replicate())
+            if shards:
+                choice = min(dict.fromkeys(shards), key=lambda k: _join_cost(specs, kinds, k, n))
         want.append(choice)
         if isinstance(choice, Shard) and shift and choice.dim >= dim:
             out.append(Shard(choice.dim + 1))
         else:
             out.append(choice)
     return tuple(want), tuple(out)
+
+
+def _join_cost(specs, kinds, k, n: int) -> float:
+    """Wire bytes of joining on ``k`` (a shard, or replicated) along an axis
+    of ``n`` ranks: the operands moved onto it, then the output made whole.
+    Gathering the output costs alike on every shard but for padding: a dim
+    shorter than the axis leaves ranks empty, and each still sends a full
+    piece. Ties go to the earliest operand's shard."""
+    cost = 0.0
+    for s, p in zip(specs, kinds, strict=True):
+        if p == k or isinstance(p, Replicate):
+            continue
+        if isinstance(p, Partial) and not isinstance(k, Shard):
+            cost += 2 * (n - 1) / n * _nbytes(s)  # all-reduce
+        else:
+            cost += _gather_bytes(s.shape, _nbytes(s), (p if isinstance(p, Shard) else k).dim, n)
+    if not isinstance(k, Shard):
+        return cost
+    return cost + _gather_bytes(specs[0].shape, sum(map(_nbytes, specs)), k.dim, n)
+
+
+def _gather_bytes(shape, nbytes: int, dim: int, n: int) -> float:
+    """Ring wire bytes of gathering (or reduce-scattering) ``nbytes`` cut
+    along ``dim`` of ``shape`` on ``n`` ranks: each sends a ceil-sized piece."""
+    length = shape[dim]
+    return 0.0 if length == 0 else (n - 1) * -(-length // n) * nbytes / length
 
 
 def _joined(specs, want, out, shape=None) -> Sharding:
@@ -135,10 +169,6 @@ def stack_rule(call):
 
 
 # index_select / gather / take ------------------------------------------------------
-def _nbytes(spec) -> int:
-    return math.prod(spec.shape) * spec.dtype.itemsize
-
-
 def _picks_through(p) -> bool:
     """Pieces that a pick of elements keeps as pieces: partial sums, and
     max/min pieces (the max of picked elements is the pick of the max)."""

@@ -31,6 +31,10 @@ _N = 4  # every side: 4 rows over 3 ranks or 8 is uneven, over 2 or 4 even
 # Tensor arguments whose values are indices (int64 in [0, _N)) or masks.
 _INDEX_NAMES = {"index", "indices", "target"}
 _MASK_NAMES = {"mask"}
+# Boundaries that bucketize/searchsorted need sorted along their last dim
+# (undefined otherwise): int64 like indices, so they keep the arange values
+# (0.._N-1 along each row) where drawn operands take random floats.
+_SORTED_NAMES = {"boundaries", "sorted_sequence"}
 # Patterns of tensor-operand ranks tried in order (per operand, cycled).
 _NDIM_PATTERNS = ((2,), (1,), (3,), (0,), (2, 1), (1, 2), (3, 2), (2, 0), (3, 3, 2), (1, 0),
                   (2, 3, 3), (0, 2, 2), (0, 2, 1, 0), (4, 3), (0, 4, 3, 0), (4,), (4, 4, 4),
@@ -169,7 +173,7 @@ def _probe(func) -> SampleCall | None:
                         shape, dt = (), torch.float32
                     else:
                         shape = (_N,) * nd
-                        dt = (torch.int64 if a.name in index_names else
+                        dt = (torch.int64 if a.name in index_names | _SORTED_NAMES else
                               torch.bool if a.name in _MASK_NAMES else torch.float32)
                     slots.append((a.name, i))
                     shapes.append(shape)
