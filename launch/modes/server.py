@@ -85,6 +85,11 @@ class Server:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         self.store.set(f"ready/{self.core.rank}", "1")  # started: deaths now are tests'
+        # No rank runs a test before every rank collected: a rank that dies in
+        # the world's first test while a peer still collects would otherwise
+        # read as a world that never started (the parent starts it once more,
+        # then fails every later test of that size).
+        self.store.wait([f"ready/{r}" for r in range(self.core.size)], LONG)
         while True:
             cmd = json.loads(self.store.get(f"cmd/{self.seq + 1}"))
             if cmd.get("stop"):

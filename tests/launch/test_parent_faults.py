@@ -181,3 +181,35 @@ def test_a_death_while_rank0_is_between_tests_is_the_next_tests(child) -> None:
     assert "during test_suite.py::test_b" in c.out, c.out
     assert "dead ranks: 1" in c.out and "rank 1: DIED during test_suite.py::test_b" in c.out, c.out
     assert "rank 0: between tests" in c.out, c.out
+
+
+SLOW_PEER = '''
+import os, time
+import pytest, torch, torch.distributed as dist
+
+if os.environ.get("LAUNCH_SERVER") and os.environ.get("RANK") == "3":
+    time.sleep(8)  # rank 3 still collects while rank 1 could start the first test
+
+@pytest.mark.world_size(4)
+def test_first_kills_rank_1(world):
+    if world.rank == 1:
+        os._exit(1)
+    t = torch.ones(1); dist.all_reduce(t, group=world.group)
+
+@pytest.mark.world_size(4)
+def test_next_world_is_fine(world):
+    t = torch.ones(1); dist.all_reduce(t, group=world.group); assert t.item() == 4
+'''
+
+
+def test_a_death_in_the_first_test_while_a_peer_collects_is_the_tests(child) -> None:
+    # Every rank waits for every other to collect before its first test, so a
+    # rank that dies in that test dies in a started world: the test fails, the
+    # world is not taken for one that never started (retried, then every later
+    # test of that size failed in setup).
+    c = child({"test_suite.py": SLOW_PEER}, "-m", "pytest", "-q", "--junitxml=junit.xml",
+              "test_suite.py")
+    assert c.outcomes == {"test_first_kills_rank_1": "failed",
+                          "test_next_world_is_fine": "passed"}, c.out
+    assert "while starting" not in c.out, c.out
+    assert "rank 1: DIED during test_suite.py::test_first_kills_rank_1" in c.out, c.out

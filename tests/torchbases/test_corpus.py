@@ -86,13 +86,25 @@ def run_corpus(tmp: Path, mode: str, files: tuple[str, ...] = CORPUS
                        text=True, timeout=1200)
     out = p.stdout + p.stderr
     assert (tmp / "out.xml").exists(), out[-4000:]
-    return verdicts(tmp / "out.xml"), out
+    return verdicts(tmp / "out.xml"), out + _failure_heads(tmp / "out.xml")
+
+
+def _failure_heads(junit: Path) -> str:
+    """The first lines of every failed method's report (a failure's cause can
+    sit far above the end of the output)."""
+    heads = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                text = (child.get("message") or "") + "\n" + (child.text or "")
+                heads.append(f"--- {case.get('name')} ({child.tag}) ---\n{text[:500]}")
+    return "\n== failed methods, first lines ==\n" + "\n".join(heads) if heads else ""
 
 
 def _check(got: dict[str, str], want: dict[str, str], out: str) -> None:
     diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
     assert not diff and set(got) == set(want), (
-        f"(got, expected) per method: {diff}; extra: {set(got) - set(want)}\n{out[-6000:]}")
+        f"(got, expected) per method: {diff}; extra: {set(got) - set(want)}\n{out[-12000:]}")
 
 
 def test_the_harnesses_agree_but_where_documented() -> None:
