@@ -9,14 +9,7 @@ from __future__ import annotations
 # Ops where ours still sends more than PyTorch in some case, by reason
 # (docs/ops.md, "Communication audit"). ``tests/test_comm_audit.py`` fails
 # on an excess of an op listed nowhere here.
-_REASONS: dict[str, tuple[str, ...]] = {
-    "gaussian_nll_loss of Partial(sum/avg) inputs: the loss clones the variance "
-    "(pieces kept) and clamps the clone in place; an in-place op that cannot keep "
-    "pieces writes its result back as pieces, so each later read (log, division) "
-    "reduces the variance again (5 collectives where PyTorch's 3, 100 B to 60 B)": (
-        "nn.functional.gaussian_nll_loss",
-    ),
-}
+_REASONS: dict[str, tuple[str, ...]] = {}  # none: no op case sends more
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
 }

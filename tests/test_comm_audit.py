@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # A fast subset of the recorded OpInfo entries: each family of rules once.
 OPS = ["add", "mul", "maximum", "sum", "mean", "linalg.vector_norm", "mm",
-       "nn.functional.layer_norm", "cat", "softmax", "where", "as_strided"]
+       "nn.functional.layer_norm", "cat", "softmax", "where", "as_strided",
+       "nn.functional.gaussian_nll_loss"]
 EPS = 1e-6
 
 

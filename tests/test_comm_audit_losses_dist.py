@@ -121,3 +121,43 @@ def test_torch_mean_nll_loss_averages_the_ranks_means(world) -> None:
     torch.testing.assert_close(got["ours"][2], want)
     assert not torch.allclose(got["torch"][2], want)
     assert (got["ours"][1], got["torch"][1]) == (8, 4)  # the sum and the total; one mean
+
+
+@pytest.mark.world_size(2)
+def test_gaussian_nll_loss_of_pieces_reduces_the_variance_once(world) -> None:
+    # The loss clones the variance and clamps the clone in place: the clone
+    # takes the reduced layout, so log(var) and / var read it as it is.
+    x, t = _pieces((5,), 84), _pieces((5,), 85)
+    var = [p.abs() + 0.5 for p in _pieces((5,), 86)]
+    _check_no_more_than_torch(world, F.gaussian_nll_loss, [("Psum", x), ("Psum", t), ("Psum", var)])
+
+
+@pytest.mark.world_size(2)
+def test_an_in_place_op_on_pieces_takes_the_reduced_layout_unless_shared(world) -> None:
+    import dtensor
+    from dtensor import Partial, Replicate
+
+    from dtensor.debug import CommDebugMode
+
+    mesh = dtensor.DeviceMesh("cpu", [0, 1])
+    pieces = [torch.tensor([0.5, -1.0, 2.0]), torch.tensor([0.5, -1.0, 2.0])]
+    want = torch.clamp(pieces[0] + pieces[1], min=1.5)
+    p = dtensor.DTensor.from_local(pieces[world.rank].clone(), mesh, [Partial()])
+    alone = p.clone()
+    with CommDebugMode() as comm:
+        alone.clamp_(min=1.5)
+        log = torch.log(alone)
+        ratio = 1 / alone
+    assert alone.placements == (Replicate(),)
+    assert comm.get_total_counts() == 1, comm.get_comm_counts()
+    torch.testing.assert_close(alone.full_tensor(), want)
+    torch.testing.assert_close(log.full_tensor(), want.log())
+    torch.testing.assert_close(ratio.full_tensor(), 1 / want)
+    # A block another DTensor views keeps its pieces: the view reads the same
+    # storage under its own Partial spec.
+    shared = p.clone()
+    view = shared.view(3)
+    shared.clamp_(min=1.5)
+    assert shared.placements == (Partial(),) and view.placements == (Partial(),)
+    torch.testing.assert_close(shared.full_tensor(), want)
+    torch.testing.assert_close(view.full_tensor(), want)

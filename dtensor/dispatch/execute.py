@@ -51,6 +51,9 @@ def run(call: Call, plan: Plan, info: OpInfo):
     for j in plan.write_back:
         o, local = call.operands[j], locals_[j]
         written[id(local)] = o
+        if info.inplace and o is call.args[0] and _keeps_reduced(o, plan.targets[j], local):
+            o._local_tensor, o._spec = local, plan.targets[j]
+            continue
         block = redistribute_local(local, plan.targets[j], o._spec)
         if block is not o._local_tensor:
             o._local_tensor.copy_(block)
@@ -73,6 +76,28 @@ def run(call: Call, plan: Plan, info: OpInfo):
         return self if self is not None else wrap(t, spec)
 
     return rewrap(out, one)
+
+
+def _keeps_reduced(o, target: DTensorSpec, local: torch.Tensor) -> bool:
+    """Whether in-place ``self`` ``o``, whose pieces the op reduced, takes the
+    reduced layout ``target`` instead of being cut back into pieces.
+
+    Pieces written back are reduced again by every later read that cannot
+    keep them (``var.clone().clamp_(min=eps)`` then ``log(var)``, ``/ var``:
+    three reductions of one value), where PyTorch's DTensor gives ``self``
+    the reduced layout once. Only a block nothing else shares may change
+    layout: a view or alias of it reads the same storage under its own
+    (partial) spec, and a traced (fake or functional) block is left alone."""
+    block = o._local_tensor
+    if type(block) is not torch.Tensor or type(local) is not torch.Tensor:
+        return False
+    if not any(p.is_partial() and not q.is_partial()
+               for p, q in zip(o._spec.placements, target.placements, strict=True)):
+        return False
+    if any(q.is_partial() for q in target.placements):
+        return False
+    # the block itself and its storage's Python object: no view, base or alias
+    return torch._C._storage_Use_Count(block.untyped_storage()._cdata) <= 2
 
 
 class _Replicated:
