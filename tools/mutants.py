@@ -24,6 +24,9 @@ Mutants (docs/properties.md has the oracle that catches each):
     max_pieces_added_elementwise  ``add``/``sub`` of two operands placed
         alike as ``Partial(max)`` (or ``min``) keep them partial (right only
         when one rank holds both extremes)
+    bucketize_blocks_take_the_max  ``bucketize``/``searchsorted`` against
+        boundaries cut along their sorted dim claim the blocks' counts as
+        ``Partial(max)`` (they add up: ``Partial(sum)``)
     gather_zeroes_tail_of_dim2_on_4  gathering tensor dim 2 of length 5 over a
         mesh axis of 4 zeroes the last entry (rare: the ``ci`` profile misses
         it; ``python -m launch fuzz`` finds it, see docs/fuzzing.md)
@@ -192,6 +195,33 @@ def _max_pieces_added_elementwise() -> None:
                 # holds both extremes
                 return Sharding(inputs=(None, None), outputs=(specs[0].placements,))
             return builtin(call)
+
+        register_rule(op)(rule)
+
+
+def _bucketize_blocks_take_the_max() -> None:
+    import dataclasses
+
+    import torch
+
+    from dtensor.placement import Partial
+    from dtensor.rules import rule_for
+    from dtensor.sharding import register_rule
+
+    aten = torch.ops.aten
+    for op in (aten.bucketize.Tensor, aten.bucketize.Scalar, aten.searchsorted.Tensor,
+               aten.searchsorted.Scalar):
+        builtin = rule_for(op)
+
+        def rule(call, builtin=builtin):
+            got = builtin(call)
+            if got is None or not got.outputs:
+                return got
+            # BUG: each block counts its own boundaries below a value; the
+            # counts add up, their max is not the whole row's count
+            outs = tuple(tuple(Partial("max") if p == Partial("sum") else p for p in ps)
+                         for ps in got.outputs)
+            return dataclasses.replace(got, outputs=outs)
 
         register_rule(op)(rule)
 
@@ -576,6 +606,8 @@ MUTANTS = {
                                    "tests/properties/test_ops.py"),
     "max_pieces_added_elementwise": (_max_pieces_added_elementwise,
                                      "tests/properties/test_ops.py"),
+    "bucketize_blocks_take_the_max": (_bucketize_blocks_take_the_max,
+                                      "tests/properties/test_sorted_boundaries.py"),
     "gather_zeroes_tail_of_dim2_on_4": (_gather_zeroes_tail_of_dim2_on_4,
                                         "tests/properties/test_redistribute.py"),
     # bugs that leave full values intact or hide from generic draws
