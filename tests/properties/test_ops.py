@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dtensor.testing import assert_matches_single_device, mesh_layouts, tensors
@@ -92,6 +92,10 @@ def test_pointwise_on_alike_partial_operands_matches_single_device(n_ranks, worl
     xs = [data.draw(tensors(shape=s, dtype=dtype, fills=("arange", "small")),
                     label=f"operand {i}") for i, s in enumerate(shapes)]
     expected = reference(case, xs)
+    # A non-finite result of finite operands (a division by 0) is the limit
+    # test_partial_times_inf_is_inf pins: pieces over 0 give nan where their
+    # sum over 0 gives inf. This property checks which kinds stay partial.
+    assume(not expected.is_floating_point() or bool(expected.isfinite().all()))
     mesh = impl.mesh(layout)
     exact = all(exact_split(x) for x in xs)
     dts = [impl.from_blocks(x, mesh, ps, exact=exact) for x in xs]
