@@ -7,6 +7,8 @@ call table (``cache``) -> a plan with a fast form runs at once; else
 global metadata -> ``execute``: redistribute operands, run the op, write
 back, wrap the results once. Every stage reads the op's one record
 (``op.OpInfo``); ``cache.forget`` is the one way anything is dropped.
+``shared``: the ranks of a simulated world take each other's plans,
+re-bound to their own meshes, instead of each propagating the call.
 
 Dispatch sits below the DTensor class (the class calls it), so it never
 imports the class: ``dtensor.tensor`` hands it over once with ``serve``.

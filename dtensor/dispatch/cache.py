@@ -19,6 +19,11 @@ share the table safely. A gone world's plans are never served again, and
 ``dist.destroy_process_group()`` drops them (with everything else: plans are
 cheap to make again), so they do not keep its groups alive.
 
+``SHARED``: the plans of ``TABLE`` once more, keyed by their call key with
+every spec's rank left out, kept only where several ranks share the process
+(a simulated world): each rank takes another's plan re-bound to its own mesh
+instead of propagating the call again (``dtensor.dispatch.shared``).
+
 Beside these, ``dtensor.dispatch.meta`` keeps what meta kernels gave, keyed
 by global metadata and argument values (no mesh, no rule), so every rank of
 a process shares it and no rule change can make it stale.
@@ -37,14 +42,18 @@ from dtensor import _comm
 from dtensor.dispatch.op import OpInfo, describe
 from dtensor.sharding import on_register
 
-__all__ = ["CACHE_LIMIT", "OPS", "PLAIN", "TABLE", "VALUE_KEYED", "forget", "record", "remember"]
+__all__ = [
+    "CACHE_LIMIT", "OPS", "PLAIN", "SHARED", "TABLE", "VALUE_KEYED", "forget", "record",
+    "remember",
+]
 
 _aten = torch.ops.aten
 
-CACHE_LIMIT = 1 << 16  # calls in TABLE; cleared when full (new shapes forever)
+CACHE_LIMIT = 1 << 16  # calls in TABLE (and in SHARED); cleared when full (new shapes forever)
 PLAIN = object()  # key marker: a plain tensor operand follows as shape, dtype, device
 OPS: dict = {}
 TABLE: dict = {}
+SHARED: dict = {}  # rank-free call key -> (mesh planned on, plan): dtensor.dispatch.shared
 # Ops whose placements depend on a float argument's value: a norm of a
 # sharded tensor is Partial("norm<p>") with p its order (dtensor/rules/norms.py).
 VALUE_KEYED = frozenset(op._op for op in (
@@ -72,12 +81,14 @@ def forget(ops: frozenset | None = None) -> None:
     if ops is None:
         OPS.clear()
         TABLE.clear()
+        SHARED.clear()
         return
     handles = {op._op for op in ops}
     for h in handles:
         OPS.pop(h, None)
-    for key in [k for k in list(TABLE) if k[0] in handles]:
-        TABLE.pop(key, None)
+    for table in (TABLE, SHARED):  # both keys start with the op's handle
+        for key in [k for k in list(table) if k[0] in handles]:
+            table.pop(key, None)
 
 
 on_register(forget)

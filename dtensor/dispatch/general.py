@@ -5,7 +5,9 @@ plan yet (or that cannot be keyed: ``key`` None): random ops
 (``dtensor.dispatch.random_ops``), spec-aliasing metadata ops (detach,
 alias), in-place views, and everything else through one ``Call``, a new
 ``Plan`` and ``execute.run``. The plan, with its fast form where it has one,
-goes into the call table, so the next call with this key skips all this.
+goes into the call table, so the next call with this key skips all this;
+in a simulated world a rank takes the plan another rank made for the same
+call (``dtensor.dispatch.shared``) instead of propagating it again.
 ``planned`` runs a call whose plan is known but has no fast form.
 """
 
@@ -21,6 +23,7 @@ from dtensor.dispatch.execute import run
 from dtensor.dispatch.form import fast_form
 from dtensor.dispatch.op import ALIAS, INPLACE_VIEW
 from dtensor.dispatch.propagate import Plan, propagate
+from dtensor.dispatch.shared import share, shared_key, shared_plan
 from dtensor.dispatch.wrap import wrap
 from dtensor.errors import MeshError, UnsupportedOpError
 from dtensor.placement import format_placements
@@ -57,15 +60,24 @@ def _mesh_of(x):
 
 
 def _new_plan(call: Call, info, key) -> Plan:
-    """Propagate ``call`` and remember its plan (with its fast form) under ``key``."""
-    plan = propagate(call, info)
-    if key is not None:
-        form = fast_form(plan, info, call.args, call.kwargs, call.first_mesh())
-        if form is not None:
-            # The plan is new and not yet shared: give it its fast form in
-            # place (dataclasses.replace costs ~1.3 µs per first-seen call).
-            object.__setattr__(plan, "fast", form)
-        remember(key, plan)
+    """Propagate ``call`` (or take the plan another rank of this process made
+    for it) and remember its plan (with its fast form) under ``key``."""
+    if key is None:
+        return propagate(call, info)
+    mesh = call.first_mesh()
+    skey = shared_key(key)
+    plan = None if skey is None else shared_plan(skey, mesh)
+    if plan is None:
+        plan = propagate(call, info)
+        if skey is not None:
+            share(skey, plan, mesh)
+    form = fast_form(plan, info, call.args, call.kwargs, mesh)
+    if form is not None:
+        # The plan is new and in no call table yet (the shared copy's fast
+        # form is never read): give it its fast form in place
+        # (dataclasses.replace costs ~1.3 µs per first-seen call).
+        object.__setattr__(plan, "fast", form)
+    remember(key, plan)
     return plan
 
 
