@@ -117,6 +117,16 @@ def test_stack_on_dims_shorter_than_the_axis_joins_whole_operands(world) -> None
                               [("S0", a), ("S0", b), ("S2", c)])
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layouts", [("R", "S1", "S0"), ("S1", "S3", "R"), ("S3", "S3", "S2")])
+def test_stack_of_operands_cut_on_different_dims_gathers_them(world, layouts) -> None:
+    # A shard as long as the axis is among them, yet moving the others onto
+    # it and gathering the output sends more than gathering the operands
+    a, b, c = (_pieces((1, 2, 1, 4), s, 1) for s in (113, 114, 115))
+    _check_no_more_than_torch(world, lambda x, y, z: torch.stack([x, y, z], -1),
+                              list(zip(layouts, (a, b, c), strict=True)))
+
+
 def _sorted_boundaries(n: int, seed: int) -> list[torch.Tensor]:
     return [torch.sort(_pieces((n,), seed, 1)[0]).values]
 

@@ -50,9 +50,14 @@ def _join(specs, dim: int, shift: bool):
                       if isinstance(k, Shard) and (shift or k.dim != dim) and all(
                           s.placements[e] == k for e, q in enumerate(want) if q == k)]
             n = specs[0].mesh.shape[axis]
-            if shards and all(specs[0].shape[k.dim] < n for k in shards):
-                # a dim shorter than the axis leaves ranks holding nothing:
-                # no better than whole operands, unless it moves less
+            if shards and (len(dict.fromkeys(shards)) > 1
+                           or all(specs[0].shape[k.dim] < n for k in shards)):
+                # Whole operands too where every shard moves something:
+                # operands cut on different dims can move more onto any one
+                # shard, and then out of it, than they move gathered; a dim
+                # shorter than the axis leaves ranks holding nothing. Ties
+                # keep the shard; one shard beside whole operands moves
+                # nothing and stays.
                 shards.append(Replicate())
             if shards:
                 choice = min(dict.fromkeys(shards), key=lambda k: _join_cost(specs, kinds, k, n))
