@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch.distributed.distributed_c10d import _get_default_store
 
 from launch import agree
 from launch.hypo.lockstep import RUN_NPROC_ENV
+from launch.modes.resume import nodes_text, resume_command
 from launch.rank.core import (
     LONG,
     RankCore,
@@ -29,7 +31,6 @@ from launch.rank.core import (
     init_process_group,
     redirect_terminal,
 )
-from launch.modes.resume import nodes_text, resume_command
 from launch.world import world_size_of
 
 STATUS_ENV = "LAUNCH_STATUS_FILE"  # set by `python -m launch`: exit 0, status here
@@ -200,7 +201,24 @@ class Lockstep:
                 stream.flush()
             except Exception:
                 pass
-        os._exit(0 if self.managed or self.rank != 0 else status)
+        code = 0 if self.managed or self.rank != 0 else status
+        self._leave_last_if_failing(code)
+        os._exit(code)
+
+    def _leave_last_if_failing(self, code: int) -> None:
+        """Rank 0 leaving with a failing status leaves after every other rank.
+
+        torchrun stops the other ranks (SIGTERM, a stack dump in their logs)
+        as soon as one exits non-zero; rank 0 leaving first caught peers still
+        inside ``destroy_process_group``."""
+        st = self.core.store
+        try:
+            if self.rank != 0:
+                st.set(f"gone/{self.rank}", "1")
+            elif code != 0:
+                st.wait([f"gone/{r}" for r in range(1, self.size)], timedelta(seconds=60))
+        except Exception:  # a store that is gone: nobody is left to wait for
+            pass
 
     def _barrier(self, name: str) -> None:
         st = self.core.store

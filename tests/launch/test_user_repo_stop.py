@@ -67,6 +67,32 @@ def test_a_failure_on_a_sub_world_stops_every_rank(user_repo, how, stop):
     assert "timed out" not in out + logs and "most recent call first" not in logs, out
 
 
+SLOW_TEARDOWN = '''
+import os, time
+import torch.distributed as dist
+
+# Rank 2 takes its time leaving its process group after the run.
+_destroy = dist.destroy_process_group
+def _slow_destroy(*args, **kwargs):
+    if os.environ.get("RANK") == "2":
+        time.sleep(3)
+    return _destroy(*args, **kwargs)
+dist.destroy_process_group = _slow_destroy
+'''
+
+
+@pytest.mark.slow
+def test_a_failing_run_stops_no_rank_that_is_still_leaving(user_repo):
+    # rank 0 leaves with the failing status last: torchrun stops the others
+    # once one exits non-zero, which caught a rank inside destroy_process_group
+    (user_repo / "test_stop.py").write_text(SUB_WORLD_FAILS + SLOW_TEARDOWN)
+    p = run_in(user_repo, *TORCHRUN, "-q", "-p", "no:cacheprovider", TIMEOUT, "-x",
+               "test_stop.py", timeout=240)
+    assert p.returncode == 1, p.stdout
+    logs = "".join(f.read_text() for f in user_repo.glob(".launch-logs/*/rank*.log"))
+    assert "SIGTERM" not in logs and "most recent call first" not in logs, logs
+
+
 @pytest.mark.slow
 def test_a_collection_error_on_one_rank_stops_every_rank(user_repo):
     (user_repo / "test_a_broken.py").write_text(ONE_RANK_CANNOT_COLLECT)
