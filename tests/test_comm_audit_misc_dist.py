@@ -17,7 +17,8 @@ single-device value:
 - ``clamp`` of a replicated input by bounds cut on different dims keeps the
   lower dim's shard, as PyTorch (dtensor/rules/pointwise.py);
 - ``cat`` (``column_stack``, ``dstack``) joins on the operand shard that
-  moves the fewest bytes, the output's padded gather counted
+  moves the fewest bytes, the output's padded gather counted; ``stack``
+  (``cartesian_prod``) of operands mostly whole gathers the cut ones
   (dtensor/rules/join.py);
 - ``bucketize`` by boundaries cut along their dim counts per block
   (``Partial(sum)``), and keeps the values' shard
@@ -124,6 +125,16 @@ def test_stack_of_operands_cut_on_different_dims_gathers_them(world, layouts) ->
     # it and gathering the output sends more than gathering the operands
     a, b, c = (_pieces((1, 2, 1, 4), s, 1) for s in (113, 114, 115))
     _check_no_more_than_torch(world, lambda x, y, z: torch.stack([x, y, z], -1),
+                              list(zip(layouts, (a, b, c), strict=True)))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("layouts", [("R", "S0", "S0"), ("R", "S0", "R"), ("R", "R", "S0")])
+def test_cartesian_prod_of_mostly_whole_operands_gathers_the_cut_ones(world, layouts) -> None:
+    # The output is mostly whole operands: cutting it only to gather all of
+    # it again moves more than gathering the cut operands first
+    a, b, c = ([torch.tensor(v)] for v in ([5.0], [0.0, 1.0], [0.0, 1.0, 2.0, 3.0]))
+    _check_no_more_than_torch(world, torch.cartesian_prod,
                               list(zip(layouts, (a, b, c), strict=True)))
 
 

@@ -203,6 +203,9 @@ def test_cat_and_stack() -> None:
     assert s.inputs == ((Shard(0),), (Shard(0),)) and s.outputs == ((Shard(0),),)
     s = run(aten.stack.default, [spec((4, 3), Shard(1)), spec((4, 3), R)], 1)
     assert s.outputs == ((Shard(2),),)
+    # one shard beside larger whole operands: the cut one is gathered
+    s = run(aten.stack.default, [spec((8,), R), spec((8,), Shard(0)), spec((8,), R)], 1)
+    assert s.inputs == ((R,),) * 3 and s.outputs == ((R,),)
 
 
 def test_nn_rules() -> None:

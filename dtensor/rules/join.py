@@ -50,14 +50,19 @@ def _join(specs, dim: int, shift: bool):
                       if isinstance(k, Shard) and (shift or k.dim != dim) and all(
                           s.placements[e] == k for e, q in enumerate(want) if q == k)]
             n = specs[0].mesh.shape[axis]
+            cut = sum(_nbytes(s) for s, k in zip(specs, kinds, strict=True) if isinstance(k, Shard))
             if shards and (len(dict.fromkeys(shards)) > 1
-                           or all(specs[0].shape[k.dim] < n for k in shards)):
+                           or all(specs[0].shape[k.dim] < n for k in shards)
+                           or 2 * cut < sum(map(_nbytes, specs))):
                 # Whole operands too where every shard moves something:
                 # operands cut on different dims can move more onto any one
                 # shard, and then out of it, than they move gathered; a dim
-                # shorter than the axis leaves ranks holding nothing. Ties
-                # keep the shard; one shard beside whole operands moves
-                # nothing and stays.
+                # shorter than the axis leaves ranks holding nothing; an
+                # output mostly made of whole operands would be cut only to
+                # move all of it when it is made whole, where gathering the
+                # few cut operands moves less (cartesian_prod's stack). Ties
+                # keep the shard; one shard beside smaller whole operands
+                # moves nothing and stays.
                 shards.append(Replicate())
             if shards:
                 choice = min(dict.fromkeys(shards), key=lambda k: _join_cost(specs, kinds, k, n))
