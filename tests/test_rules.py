@@ -337,6 +337,13 @@ def _optimizer_clip_and_norm_calls() -> None:
     nn.functional.embedding(torch.tensor([1, 3]), torch.randn(10, 5))
     # tests/test_comm_audit_matmul_dist.py: vdot
     torch.vdot(torch.randn(6), torch.randn(6))
+    # tests/test_comm_audit_norms_third_dist.py: glu, forward and backward
+    nn.functional.glu(torch.randn(4, 6, 3, requires_grad=True), 1).sum().backward()
+    # tests/test_comm_audit_linalg_dist.py: batched linear algebra
+    spd = torch.eye(3).expand(2, 3, 3) * 2
+    torch.linalg.householder_product(torch.randn(2, 5, 5), torch.randn(2, 3))
+    torch.cholesky_inverse(spd)
+    torch.linalg.matrix_exp(spd)
 
 
 def _ops_run_by_the_distributed_tests() -> set:

@@ -34,7 +34,8 @@ import torch
 from dtensor import _comm
 from dtensor._norm_wire import combining_op, from_bits, nan_first_bits
 from dtensor.placement import Partial, Replicate, Shard, norm_partial
-from dtensor.rules._util import bind, norm_dim, reduced_shard
+from dtensor.rules._util import bind, broadcast_shape, norm_dim, reduced_shard
+from dtensor.rules.pointwise import pointwise_rule
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "combine_shares", "local_share"]
@@ -281,37 +282,36 @@ def foreach_norm_rule(call):
 
 
 def dist_rule(call):
-    """``dist(a, b, p)``: the p-norm of ``a - b``. Same shapes and the same
-    Shard placements: each rank's ``dist`` of its pieces is a piece of the
-    result (``Partial("norm<p>")`` on the sharded axes), nothing sent; the
-    first use reduces one scalar. An operand cut otherwise takes the other's
-    cut on that axis (a replicated one slices its block, nothing sent).
-    Broadcasting operands and orders without pieces (negative, -inf) keep
-    the fallback."""
+    """``dist(a, b, p)``: the p-norm of ``a - b`` (broadcast). The blocks of
+    the broadcast difference partition it, so each rank's ``dist`` of its
+    blocks is a piece of the result (``Partial("norm<p>")`` on the axes that
+    cut it), nothing sent; the first use reduces one scalar. The operands
+    take ``sub``'s layout (the point-wise rule): per mesh axis the operand
+    shard, mapped through broadcasting, that leaves the fewest bytes to move;
+    an operand that broadcasts along the cut dim (lacks it, or has size 1)
+    is whole there, one that is replicated slices its block. Without this,
+    operands of different shapes (``(5, 5, 5)`` and ``(5,)``) fell back to
+    gathering the large one. Partial values are reduced first (a norm is not
+    linear); orders without pieces (negative, -inf) keep the fallback."""
     if len(call.specs) != 2:
         return None
     a, b = call.specs
     piece = _partial_of(bind(call).get("p"))
-    if piece is None or a.shape != b.shape or a.mesh != b.mesh:
+    if piece is None or a.mesh != b.mesh:
         return None
-    want, out = [], []
-    for pa, pb in zip(a.placements, b.placements, strict=True):
-        cut = pa if isinstance(pa, Shard) else pb
-        if isinstance(cut, Shard):
-            want.append(cut), out.append(piece)
-        else:  # partial pieces are reduced first (a norm is not linear)
-            want.append(Replicate()), out.append(Replicate())
-    dims = [p.dim for p in want if isinstance(p, Shard)]
-    if len(dims) != len(set(dims)) and want not in (list(a.placements),
-                                                    list(b.placements)):
-        return None  # a nesting neither operand has: the fallback lines them up
-    want = tuple(want)
-    return Sharding((want, want), (tuple(out),), local=_dist_pieces, shapes=((),))
+    sub = pointwise_rule(call)  # dist is not linear: partial operands reduce first
+    if sub is None:
+        return None
+    (out,) = sub.outputs
+    pieces = tuple(piece if isinstance(p, Shard) else Replicate() for p in out)
+    return Sharding(sub.inputs, (pieces,), local=_dist_pieces, shapes=((),))
 
 
 def _dist_pieces(func, coord, out_specs, args, kwargs):
     x, y = args[0], args[1]
-    if x.numel() == 0:  # an empty piece: 0, the identity of pieces (norms >= 0)
+    if math.prod(broadcast_shape(x.shape, y.shape)) == 0:
+        # an empty block: 0, the identity of pieces (norms >= 0; the inf
+        # norm of an empty tensor raises)
         return x.new_zeros(())
     return func(x, y, *args[2:], **kwargs)
 

@@ -21,7 +21,7 @@ import math
 import torch
 
 from dtensor.placement import Partial, Placement, Replicate, Shard
-from dtensor.rules._util import broadcast_shape, shard_through_broadcast
+from dtensor.rules._util import bind, broadcast_shape, shard_through_broadcast
 from dtensor.sharding import Sharding, writes_self
 
 __all__ = ["RULES", "pointwise_rule"]
@@ -185,8 +185,33 @@ def pointwise_rule(call):
     return Sharding(tuple(inputs), (tuple(out),) * n, shapes=(shape,) * n)
 
 
+def glu_rule(call):
+    """``glu(x, dim)`` = ``a * sigmoid(b)`` of ``x``'s halves along ``dim``
+    (and ``glu_backward(grad, x, dim)``): point-wise in every other dim, so
+    shards of other dims stay and the output keeps them, nothing sent (the
+    fallback gathered the input: twice the output's bytes). ``dim`` must be
+    whole on each rank: its element ``i`` pairs with ``i + n/2``, which a cut
+    puts on another rank. Partial values are reduced first (not linear).
+    Operands take ``x``'s shards, else the gradient's (same dims, and the
+    same sizes off ``dim``)."""
+    specs = call.specs
+    x = specs[-1]
+    if any(s.ndim != x.ndim or s.mesh != x.mesh for s in specs):
+        return None
+    dim = bind(call)["dim"] % max(x.ndim, 1)
+    want: list[Placement] = []
+    for axis in range(x.mesh.ndim):
+        cuts = [s.placements[axis] for s in reversed(specs)]
+        cuts = [p for p in cuts if isinstance(p, Shard) and p.dim != dim]
+        want.append(cuts[0] if cuts else Replicate())
+    want = tuple(want)
+    return Sharding((want,) * len(specs), (want,))
+
+
 # Pointwise ops that torch does not tag pointwise (``log_sigmoid_forward``:
 # the value and a same-shaped buffer, under ``F.logsigmoid`` and
 # ``multilabel_soft_margin_loss``).
 RULES: dict = {aten.rsub.Tensor: pointwise_rule,
+               aten.glu.default: glu_rule,
+               aten.glu_backward.default: glu_rule,
                aten.log_sigmoid_forward.default: pointwise_rule}
