@@ -17,6 +17,7 @@ from dtensor.rules import (
     extremes,
     foreach,
     join,
+    linalg,
     matmul,
     nn,
     norms,
@@ -33,7 +34,8 @@ __all__ = ["RULES", "rule_for", "rule_for_tags"]
 
 RULES: dict = {}
 _FAMILIES = (pointwise, tensor_ops, reduction, extremes, matmul, view, join, nn, norms,
-             foreach, batched, spatial, scatter, batch_norm, bucketize)
+             foreach, batched, spatial, scatter, batch_norm, bucketize,
+             linalg)
 for _family in _FAMILIES:
     RULES.update(_family.RULES)
 

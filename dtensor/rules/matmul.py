@@ -114,8 +114,14 @@ def _choose(la, lb, lo, a, b, out_shape, bias=None):
         ranks = None if bias is not None else a.mesh.size(axis)
         pbias = bias.placements[axis] if bias is not None else None
         for wa, wb, o in _candidates(la, lb, lo, pa, pb, pbias):
+            # A shard of an output dim shorter than the axis leaves some ranks
+            # empty: no work is split, and gathering it later moves the whole
+            # output, so that gather counts as for an outer product (a 1x1
+            # matrix_power: replicating both factors once beats gathering
+            # every product's shard again).
+            short = isinstance(o, Shard) and out_shape[o.dim] < a.mesh.size(axis)
             c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
-                o, pa, pb, wa, wb, na, nb, out_shape, ranks, grows)
+                o, pa, pb, wa, wb, na, nb, out_shape, ranks, grows or short)
             moved = _resharded(pa, wa) or _resharded(pb, wb)
             if bias is not None:
                 wbias = shard_through_broadcast(o, bias.shape, out_shape) \
