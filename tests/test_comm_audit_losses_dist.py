@@ -20,7 +20,9 @@ else: its ``gaussian_nll_loss`` of sharded operands checks ``any(var < 0)``
 on each rank's block alone, sending nothing where ours combines the ranks'
 answers; its mean ``nll_loss`` (cross entropy) of a sharded batch averages
 the ranks' means, wrong where the ranks' weight totals differ (ignored
-targets, class weights), where ours sends the sum and the total.
+targets, class weights), where ours sends the sum and the total: also of
+N-d targets and of ``linear_cross_entropy`` (chunked too) with the batch cut
+and the class weight or targets cut on other dims.
 """
 
 from __future__ import annotations
@@ -121,6 +123,57 @@ def test_torch_mean_nll_loss_averages_the_ranks_means(world) -> None:
     torch.testing.assert_close(got["ours"][2], want)
     assert not torch.allclose(got["torch"][2], want)
     assert (got["ours"][1], got["torch"][1]) == (8, 4)  # the sum and the total; one mean
+
+
+def _linear_ce(**kw):
+    def fn(x, w, t):
+        return F.linear_cross_entropy(x, w, t, **kw)
+    return fn
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("case", ["cross_entropy_nd", "linear", "linear_nd", "linear_nd_chunked"])
+def test_torch_mean_cross_entropy_of_a_cut_batch_averages_the_ranks_means(world, case) -> None:
+    """The layouts of the audit's N-d and linear cross entropy that send 4 B
+    more than PyTorch (``ACCEPTED_EXACT``) cut the batch too (input
+    ``S(0)``; the class weight and targets cut or whole): PyTorch's mean is
+    again the mean of the ranks' means, wrong where the ranks count
+    different numbers of ignored targets."""
+    import comm_audit
+    from test_comm_audit_fixes_dist import _run
+    from torch.nn import LinearCrossEntropyOptions
+
+    x = _pieces((4, 3), 93, 1)
+    chunked = {"options": LinearCrossEntropyOptions(batch_chunk_size=2)}
+    op, fn, inputs, layouts = {
+        # (4, 3, 1) logits, (4, 1) targets cut along their size-1 dim
+        "cross_entropy_nd": ("nn.functional.cross_entropy", F.cross_entropy,
+                             [_pieces((4, 3, 1), 94, 1), [torch.tensor([[0], [-100], [1], [2]])]],
+                             ["(S(0), S(1))"]),
+        "linear": ("nn.functional.linear_cross_entropy", _linear_ce(),
+                   [x, _pieces((5, 3), 95, 1), [torch.tensor([0, -100, 1, 4])]],
+                   ["(S(0), R, S(0))", "(S(0), S(1), S(0))"]),
+        # (2, 3, 3) weight: (4, 2, 3) logits, (4, 3) targets
+        "linear_nd": ("nn.functional.linear_cross_entropy", _linear_ce(),
+                      [x, _pieces((2, 3, 3), 96, 1),
+                       [torch.tensor([[0, 1, 0], [-100, -100, 1], [1, 1, 0], [0, 1, 1]])]],
+                      ["(S(0), R, S(1))", "(S(0), S(1), S(0))", "(S(0), S(1), S(1))",
+                       "(S(0), S(2), R)", "(S(0), S(2), S(1))"]),
+        "linear_nd_chunked": ("nn.functional.linear_cross_entropy.chunked",
+                              _linear_ce(**chunked),
+                              [x, _pieces((2, 3, 3), 96, 1),
+                               [torch.tensor([[0, 1, 0], [-100, -100, 1], [1, 1, 0], [0, 1, 1]])]],
+                              ["(S(0), R, R)", "(S(0), R, S(1))", "(S(0), S(1), S(0))",
+                               "(S(0), S(1), S(1))", "(S(0), S(2), R)", "(S(0), S(2), S(1))"]),
+    }[case]
+    for layout in layouts:
+        assert comm_audit.accepted(op, layout), layout
+        lays = [f"S{p[2]}" if p.startswith("S") else p for p in layout[1:-1].split(", ")]
+        got, want = _run(world, fn, list(zip(lays, inputs, strict=True)))
+        torch.testing.assert_close(got["ours"][2], want, msg=layout)
+        assert not torch.allclose(got["torch"][2], want), layout
+        # the same collectives but for the loss's: the sum and the total, or one mean
+        assert (got["ours"][0], got["ours"][1] - got["torch"][1]) == (got["torch"][0], 4), layout
 
 
 @pytest.mark.world_size(2)

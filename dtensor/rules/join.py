@@ -201,6 +201,33 @@ def index_select_rule(call):
     return Sharding((tuple(wx), tuple(wi)), (tuple(out),))
 
 
+def _move_bytes(spec, p, k, n: int) -> float:
+    """Ring wire bytes of moving ``spec`` from ``p`` to ``k`` along an axis
+    of ``n`` ranks: pieces all-reduce (or reduce-scatter onto a shard), a
+    shard is gathered (then sliced), and a whole operand is cut locally."""
+    if p == k or isinstance(p, Replicate):
+        return 0.0
+    if isinstance(p, Partial) and not isinstance(k, Shard):
+        return 2 * (n - 1) / n * _nbytes(spec)
+    return _gather_bytes(spec.shape, _nbytes(spec), (k if isinstance(p, Partial) else p).dim, n)
+
+
+def _cheapest(operands, shape, nbytes: int, n: int, choices):
+    """The first of ``choices`` (each ``(input placements..., output
+    placement)``) that moves the fewest wire bytes along an axis of ``n``
+    ranks: the ``operands`` (pairs of spec and placement) moved onto it,
+    then the output (``shape``, ``nbytes``) made whole."""
+    def cost(choice):
+        *want, out = choice
+        moved = sum(_move_bytes(s, p, k, n) for (s, p), k in zip(operands, want, strict=True))
+        if isinstance(out, Partial):
+            return moved + 2 * (n - 1) / n * nbytes
+        if isinstance(out, Shard):
+            return moved + _gather_bytes(shape, nbytes, out.dim, n)
+        return moved
+    return min(choices, key=cost)
+
+
 def gather_rule(call):
     """``gather(x, dim, index)``: ``out[..i..] = x[..index[..i..]..]`` along
     ``dim`` and at the *same* position along every other dim, so a shard of
@@ -211,11 +238,28 @@ def gather_rule(call):
         return None
     dim = norm_dim(bind(call)["dim"], x.ndim)
     wx, wi, out = [], [], []
-    for px, pi in zip(x.placements, index.placements, strict=True):
+    out_bytes = math.prod(index.shape) * x.dtype.itemsize
+    for axis, (px, pi) in enumerate(zip(x.placements, index.placements, strict=True)):
         if (isinstance(px, Shard) and px.dim != dim and index.shape[px.dim] == x.shape[px.dim]
                 and not (pi == Shard(dim) and _nbytes(x) < _nbytes(index))):
             # (an index cut along ``dim`` stays where moving it costs more than x)
             wx.append(px), wi.append(px), out.append(px)
+        elif isinstance(px, Partial) or isinstance(pi, Partial):
+            # Pieces of either: x's pieces looked up as pieces (the index made
+            # whole, the output reduced), both reduced whole, or both
+            # reduce-scattered onto a shared shard of another dim (the output
+            # gathered), whichever moves the fewest bytes: pieces of both
+            # reduce the index and then the output, where reduce-scattering
+            # x and the index and gathering the smaller output can move less.
+            choices = [(px, Replicate(), px)] if _picks_through(px) else []
+            choices.append((Replicate(),) * 3)
+            if isinstance(pi, Shard) and pi.dim == dim:
+                choices.append((Replicate(), pi, pi))
+            choices += [(Shard(d),) * 3 for d in range(x.ndim)
+                        if d != dim and index.shape[d] == x.shape[d]]
+            a, b, c = _cheapest([(x, px), (index, pi)], index.shape, out_bytes,
+                                x.mesh.shape[axis], choices)
+            wx.append(a), wi.append(b), out.append(c)
         elif _picks_through(px) and not isinstance(pi, Shard):
             wx.append(px), wi.append(Replicate()), out.append(px)
         elif isinstance(pi, Shard) and pi.dim == dim:

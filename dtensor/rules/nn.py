@@ -8,7 +8,8 @@ indices' shards (replicated table), the table's column shards, or its row
 rows it holds and the output is ``Partial(sum)``, the table never gathered;
 a column-sharded table against sharded indices stays, the indices gathered,
 where they are the smaller; pieces of a table (sum, max or min) are looked up
-as pieces.
+as pieces where reducing the output moves the fewest bytes, else the table is
+reduced (whole or onto a column shard) first.
 The embedding gradient comes out replicated from replicated indices and
 output gradient: its rule cannot see the table's layout, and a row-sharded
 gradient for a replicated table would be gathered again at the optimizer
@@ -47,7 +48,7 @@ from dtensor.placement import (
     replicated,
 )
 from dtensor.rules._util import bind
-from dtensor.rules.join import _picks_through
+from dtensor.rules.join import _cheapest, _picks_through
 from dtensor.rules.pointwise import pointwise_rule
 from dtensor.sharding import Sharding
 from dtensor.spec import local_block
@@ -109,25 +110,35 @@ def embedding_rule(call):
     # the indices moves fewer bytes than gathering the table.
     keep_cols = (math.prod(indices.shape) * indices.dtype.itemsize
                  < math.prod(weight.shape) * weight.dtype.itemsize)
-    for pw, pi in zip(weight.placements, indices.placements, strict=True):
-        if isinstance(pi, Shard) and not isinstance(pw, Partial) and not (
-                pw == Shard(1) and keep_cols):
+    shape = (*indices.shape, weight.shape[1])
+    out_bytes = math.prod(shape) * weight.dtype.itemsize
+    for axis, (pw, pi) in enumerate(zip(weight.placements, indices.placements, strict=True)):
+        if isinstance(pw, Partial) or (isinstance(pi, Partial) and pw == Replicate()):
+            # Pieces: a lookup of table pieces gives output pieces, whose
+            # reduction moves the output, larger than the table wherever rows
+            # are looked up more than once in all; so the table's pieces stay
+            # only where that moves the fewest bytes, else the table is
+            # reduced whole, or onto a column shard (the output gathered), or
+            # the indices onto a shard of theirs.
+            choices = [(pw, Replicate(), pw)] if _picks_through(pw) else []
+            choices.append((Replicate(),) * 3)
+            choices.append((Shard(1), Replicate(), Shard(indices.ndim)))
+            choices += [(Replicate(), Shard(d), Shard(d)) for d in range(indices.ndim)]
+            a, b, c = _cheapest([(weight, pw), (indices, pi)], shape, out_bytes,
+                                weight.mesh.shape[axis], choices)
+            ww.append(a), wi.append(b), out.append(c)
+        elif isinstance(pi, Shard) and not (pw == Shard(1) and keep_cols):
             ww.append(Replicate()), wi.append(pi), out.append(pi)
         elif isinstance(pw, Shard) and pw.dim == 1:
             ww.append(pw), wi.append(Replicate()), out.append(Shard(indices.ndim))
         elif isinstance(pw, Shard) and pw.dim == 0:
             ww.append(pw), wi.append(Replicate()), out.append(Partial("sum"))
             vocab = True
-        elif _picks_through(pw):
-            # A lookup picks rows: pieces of a sum, max or min stay pieces
-            # (the indices made whole first).
-            ww.append(pw), wi.append(Replicate()), out.append(pw)
         else:
             ww.append(Replicate()), wi.append(Replicate()), out.append(Replicate())
     ww, wi, out = tuple(ww), tuple(wi), tuple(out)
     if not vocab:
         return Sharding((ww, wi), (out,))
-    shape = (*indices.shape, weight.shape[1])
     local = _vocab_lookup(tuple(weight.shape), tuple(weight.mesh.shape), ww)
     return Sharding((ww, wi), (out,), local=local, shapes=(shape,))
 
