@@ -86,13 +86,31 @@ def test_every_registered_rule_has_a_schema_call():
         "rule to NO_SCHEMA_CALL with the reason")
 
 
-def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
+# The sweep in parts, each a set of rule keys with all their calls, so a
+# parallel run (``-n``) spreads it over workers: at 1,024 simulated ranks one
+# call costs about 1.5 s, and the whole sweep in one test held one worker for
+# most of the suite.
+_PARTS = 4
+
+
+def _part_calls(part: int):
+    """The calls of part ``part``'s rule keys, and those keys."""
     from dtensor.rules import RULES
+
+    keys = sorted(RULES, key=str)[part::_PARTS]
+    mine = {str(f) for key in keys for f in overloads(key)}
+    return [(f, c) for f, c in _calls() if str(f) in mine], keys
+
+
+@pytest.mark.parametrize("part", range(_PARTS))
+def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl, part):
     from dtensor.testing import MeshLayout, coverage
 
     mesh = impl.mesh(MeshLayout((world.size,), tuple(range(world.size))))
+    calls, keys = _part_calls(part)
+    assert calls, f"part {part} of {_PARTS}: no schema call"
     errors = []
-    for func, call in _calls():
+    for func, call in calls:
         plain = example_tensors(call)
         ps = [(Shard(0),) if i == 0 and t.ndim and t.dtype.is_floating_point
               else (Replicate(),) for i, t in enumerate(plain)]
@@ -106,12 +124,18 @@ def test_every_registered_rule_runs_and_records_an_entry(n_ranks, world, impl):
         raise errors[0]
     if impl.name != "dtensor":
         return
-    no_entry = [str(key) for key in RULES
+    no_entry = [str(key) for key in keys
                 if not any(str(f) in coverage.RECORD for f in overloads(key))
                 and not all(str(f) in NO_SCHEMA_CALL for f in overloads(key))]
     assert not no_entry, (
         f"rank {world.rank}: registered rules with no coverage entry after their "
         f"schema calls ran: {no_entry} (dispatch never asked the rule)")
+
+
+def test_the_sweep_parts_hold_every_schema_call():
+    parts = [_part_calls(k) for k in range(_PARTS)]
+    assert sum(len(c) for c, _ in parts) == len(_calls())
+    assert len({str(key) for _, keys in parts for key in keys}) == sum(len(k) for _, k in parts)
 
 
 @settings(max_examples=4 * settings.default.max_examples)
