@@ -95,31 +95,33 @@ def test_foreach_on_partial_members_matches_single_device(n_ranks, world, impl, 
     _check_case(data, impl, layout, case, members, dtype)
 
 
-# Every case meets every Partial kind in each example: drawn over the cases,
-# one in ~7 placements per mesh axis is a given Partial kind, so a bug that
-# shows only for one (case, kind) pair (an add that keeps Partial(sum)) was
-# drawn in too few of the main job's examples to be seen.
+# Every case meets the test's Partial kind in each example: drawn over the
+# cases, one in ~7 placements per mesh axis is a given Partial kind, so a bug
+# that shows only for one (case, kind) pair (an add that keeps Partial(sum))
+# was drawn in too few of the main job's examples to be seen. One test per
+# kind, so a parallel run (``-n``) spreads the sweep over workers (at 1,024
+# simulated ranks all kinds in one test took ~160 s).
+@pytest.mark.parametrize("op", REDUCE_OPS)
 @settings(max_examples=max(2, settings.default.max_examples // 12))
 @given(data=st.data())
-def test_every_foreach_case_on_every_partial_kind(n_ranks, world, impl, data):
+def test_every_foreach_case_on_every_partial_kind(n_ranks, world, impl, op, data):
     layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
     dtype = data.draw(st.sampled_from(_DT), label="dtype")
     shapes = [data.draw(tensor_shapes(max_dims=2), label=f"shape {i}") for i in range(2)]
     # The Partial goes on the widest mesh axis (a size-1 axis shows nothing).
     axis = max(range(layout.ndim), key=lambda a: layout.shape[a])
-    for op in REDUCE_OPS:
-        for case in CASES:
-            # The Partial member first in the first list, then (cases with
-            # other tensors) in the other operand, the first list plain.
-            wheres = ("self", "other") if case.operand in _TENSOR_OPERANDS else ("self",)
-            for where in wheres:
-                members = [_member(data, layout, impl, s, dtype, f"x{i}",
-                                   allow_partial=False) for i, s in enumerate(shapes)]
-                partial = _on_axis(Partial(op), axis)
-                if where == "self":
-                    members[0] = (members[0][0], partial(members[0][1]))
-                _check_case(data, impl, layout, case, members, dtype,
-                            other_partial=partial if where == "other" else None)
+    for case in CASES:
+        # The Partial member first in the first list, then (cases with
+        # other tensors) in the other operand, the first list plain.
+        wheres = ("self", "other") if case.operand in _TENSOR_OPERANDS else ("self",)
+        for where in wheres:
+            members = [_member(data, layout, impl, s, dtype, f"x{i}",
+                               allow_partial=False) for i, s in enumerate(shapes)]
+            partial = _on_axis(Partial(op), axis)
+            if where == "self":
+                members[0] = (members[0][0], partial(members[0][1]))
+            _check_case(data, impl, layout, case, members, dtype,
+                        other_partial=partial if where == "other" else None)
 
 
 _TENSOR_OPERANDS = ("list", "two_lists", "shared")
