@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RANK_VERDICT_TIMEOUT = 90
+# Gloo's words for a world whose connections are gone (after a collective one
+# rank never joined timed out): nothing sent on it afterwards arrives.
+_TRANSPORT_GONE = ("Timed out waiting", "pair closure", "Connection closed by peer")
 
 
 # Worker ---------------------------------------------------------------------------
@@ -115,6 +118,7 @@ def _worker(args) -> int:
             )
         return got == want
 
+    broken = False  # a collective timed out: Gloo closed the pairs for good
     for index in range(args.start, len(ops)):
         op = ops[index]
         if rank == 0:
@@ -189,6 +193,7 @@ def _worker(args) -> int:
                             msg = "" if v == "pass" else "result differs"
                         except Exception as e:
                             v, msg = "error", f"{type(e).__name__}: {str(e)[:160]}"
+                            broken = broken or any(m in str(e) for m in _TRANSPORT_GONE)
                         both = agree(key, v)
                         v = "wrong" if "wrong" in both else "error" if "error" in both else "pass"
                         passed[(si, d, impl)] = v == "pass"
@@ -228,6 +233,12 @@ def _worker(args) -> int:
         if out is not None:
             out.write(json.dumps(record) + "\n")
             out.flush()
+        if "1" in agree(f"broken/{index}", "1" if broken else "0"):
+            # Every later collective of this world would fail too (each op
+            # after it recorded as an error of both runtimes): leave, and the
+            # parent starts a fresh world at the next op.
+            sys.stdout.flush()
+            os._exit(3)
     if rank == 0:
         progress.write_text(json.dumps({"index": len(ops), "name": None}))
     dist.barrier()
