@@ -16,16 +16,8 @@ _REREAD_PIECES = ("a small Partial value read by several ops: ours keeps sum() o
                   "ours sends 2 collectives more. Reducing once needs a DTensor to keep "
                   "its reduced value across ops (a dispatch cache tied to the block's "
                   "version), not a rule")
-_STRIDED_VIEW = ("a view that merges a dim into the one before it where the inner dim "
-                 "is cut ((2, 3, 3) S(1) -> (6, 3); tensordot's reshape of (2, 2, 2) "
-                 "S(2) to (2, 4)): PyTorch keeps the block as a _StridedShard through "
-                 "the view and the matmul and moves only the output; ours gathers the "
-                 "operand at the view. Needs the view rule to give StridedShard and the "
-                 "matmul rule to keep it")
 _REASONS: dict[str, tuple[str, ...]] = {
     _REREAD_PIECES: ("cov` sample 2 P(avg)",),
-    _STRIDED_VIEW: ("nn.functional.linear_cross_entropy.chunked_none` sample 2 (R, S(1), S(1))",
-                    "tensordot` sample 0 (S(2), S(1))"),
 }
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names

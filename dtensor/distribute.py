@@ -131,7 +131,11 @@ def _scatter_from(local: torch.Tensor, spec: DTensorSpec, src_data_rank: int):
                     block = torch.cat([block, block.new_zeros(pad)], dim=p.dim)
                 pieces.append(block.contiguous())
         got = _comm.scatter(pieces, local.new_empty(like_shape), src_data_rank, group)
-        local = got.narrow(p.dim, 0, shard_range(length, n, coord[axis])[1])
+        keep = shard_range(length, n, coord[axis])[1]
+        # An uneven piece as a slice of the padded buffer would not be
+        # contiguous, and a view the global tensor allows (a merge of this
+        # dim into the one before it) would then fail on this rank alone.
+        local = got if keep == piece else got.narrow(p.dim, 0, keep).contiguous()
     kept = tuple(p if isinstance(p, Shard) else Replicate() for p in spec.placements)
     return local, spec.with_placements(kept)
 

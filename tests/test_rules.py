@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtensor import DeviceMesh, Partial, Replicate, Shard
+from dtensor import DeviceMesh, Partial, Replicate, Shard, StridedShard
 from dtensor.rules import RULES, rule_for_tags
 from dtensor.rules._util import broadcast_shape
 from dtensor.rules.view import view_groups
@@ -23,6 +23,7 @@ from dtensor.testing.op_table import TABLE
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
+SS = StridedShard
 # Spec-only meshes (no groups, no world check): the rules are pure, and under
 # `torchrun --nproc_per_node=1/2` the world is smaller than these meshes.
 MESH = DeviceMesh("cpu", [0, 1], _init_backend=False)
@@ -172,7 +173,16 @@ def test_view_groups() -> None:
     [
         ((4, 3), [12], Shard(0), Shard(0), Shard(0)),
         ((5, 3), [15], Shard(0), R, R),             # uneven: gather first
-        ((4, 3), [12], Shard(1), R, R),             # minor dim of a merge
+        ((4, 3), [12], Shard(1), Shard(1), SS(0, 4)),   # minor dim of a merge: runs
+        ((2, 5), [10], Shard(1), Shard(1), SS(0, 2)),   # uneven runs
+        ((2, 2, 2), [2, 4], Shard(2), Shard(2), SS(1, 2)),
+        ((4, 3, 1), [12], Shard(1), Shard(1), SS(0, 4)),  # size-1 dims after it
+        ((4, 3, 2), [24], Shard(1), R, R),          # a middle dim: runs of rows
+        ((12,), [4, 3], SS(0, 4), SS(0, 4), Shard(1)),   # split back
+        ((12,), [1, 4, 3], SS(0, 4), SS(0, 4), Shard(2)),
+        ((12,), [2, 6], SS(0, 4), R, R),            # another split factor
+        ((6, 3), [6, 3, 1], SS(0, 2), SS(0, 2), SS(0, 2)),
+        ((6, 3), [3, 6], SS(0, 2), R, R),
         ((6, 4), [2, 3, 4], Shard(0), Shard(0), Shard(0)),
         ((6, 4), [3, 2, 4], Shard(0), R, R),        # 3 pieces of 2 rows: uneven
         ((4, 6), [4, 2, 3], Shard(1), Shard(1), Shard(1)),
@@ -228,6 +238,58 @@ def test_two_dim_mesh_nested_shards() -> None:
     s = run(aten.mm.default, spec((8, 6), Shard(0), Shard(1), mesh=MESH2D),
             spec((6, 4), R, Shard(0), mesh=MESH2D))
     assert s.outputs == ((Shard(0), P),)
+
+
+def test_view_merge_of_a_cut_inner_dim_on_a_2d_mesh() -> None:
+    # both axes cut the inner dim: each cuts every run again
+    s = run(aten.view.default, spec((4, 6), Shard(1), Shard(1), mesh=MESH2D), [24])
+    assert s.inputs == ((Shard(1), Shard(1)),) and s.outputs == ((SS(0, 4), SS(0, 4)),)
+    # one axis strided, the other a shard of another dim: both kept
+    s = run(aten.view.default, spec((2, 3, 4), Shard(1), Shard(2), mesh=MESH2D), [6, 4])
+    assert s.outputs == ((SS(0, 2), Shard(1)),)
+    # the major dim cut too: as before, the major shard kept, the inner gathered
+    s = run(aten.view.default, spec((4, 6), Shard(0), Shard(1), mesh=MESH2D), [24])
+    assert s.inputs == ((Shard(0), R),) and s.outputs == ((Shard(0), R),)
+    # a strided dim split back, one axis of another split factor: gathered
+    s = run(aten.view.default, spec((12,), SS(0, 4), SS(0, 2), mesh=MESH2D), [4, 3])
+    assert s.outputs == ((R, R),)
+
+
+def test_shape_ops_carry_strided_shards() -> None:
+    assert run(aten.t.default, spec((6, 3), SS(0, 2))).outputs == ((SS(1, 2),),)
+    assert run(aten.permute.default, spec((6, 3, 2), SS(0, 2)), [2, 0, 1]).outputs == (
+        (SS(1, 2),),)
+    assert run(aten.unsqueeze.default, spec((6, 3), SS(0, 2)), 0).outputs == ((SS(1, 2),),)
+    assert run(aten.slice.Tensor, spec((6, 3), SS(0, 2)), 0, 1, 3, 1).inputs == ((R,),)
+
+
+@pytest.mark.parametrize(
+    ("pa", "pb", "wa", "wb", "out"),
+    [
+        (SS(0, 2), R, SS(0, 2), R, SS(0, 2)),       # rows (M) kept
+        (R, SS(1, 3), R, SS(1, 3), SS(1, 3)),       # columns (N) kept
+        (SS(1, 2), SS(0, 2), SS(1, 2), SS(0, 2), P),  # K cut alike: partial sums
+    ],
+)
+def test_mm_keeps_strided_shards(pa, pb, wa, wb, out) -> None:
+    s = run(aten.mm.default, spec((6, 8), pa), spec((8, 6), pb))
+    assert s.inputs == ((wa,), (wb,)) and s.outputs == ((out,),)
+
+
+@pytest.mark.parametrize(("pa", "pb"), [(SS(1, 2), Shard(0)), (Shard(1), SS(0, 2)),
+                                        (SS(1, 2), SS(0, 4))])
+def test_mm_of_k_cut_two_ways_moves_one_operand(pa, pb) -> None:
+    s = run(aten.mm.default, spec((6, 8), pa), spec((8, 6), pb))
+    (wa,), (wb,) = s.inputs
+    # never summed as cut alike: a strided operand is cut as a plain shard
+    # (or gathered), nothing is gathered to keep interleaved rows
+    assert not any(isinstance(w, SS) and w != p for w, p in ((wa, pa), (wb, pb))), s.inputs
+    assert s.outputs != ((P,),) or (wa, wb) == (Shard(1), Shard(0)), s
+
+
+def test_addmm_cuts_the_bias_like_the_output() -> None:
+    s = run(aten.addmm.default, spec((6,), R), spec((4, 8), R), spec((8, 6), SS(1, 3)))
+    assert s.outputs == ((SS(1, 3),),) and s.inputs[0] == (SS(0, 3),)
 
 
 class _Record(TorchDispatchMode):

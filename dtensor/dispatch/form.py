@@ -137,7 +137,7 @@ def _move_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh):
         if type(a) is not _served.DTensor:  # a plain operand to move: the general path
             return None
         src = a._spec
-        if has_strided(src.placements):
+        if has_strided(src.placements) or has_strided(target.placements):
             return None  # moved by gather-then-cut (dtensor.strided): the general path
         moves.append((i, plan_steps(src.placements, target.placements, mesh.shape, src.shape),
                       src.shape))

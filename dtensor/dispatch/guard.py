@@ -74,7 +74,7 @@ def check_outputs(call: Call, rule, in_specs, out_specs) -> None:
     mesh = out_specs[0].mesh
     seen = set()
     for coord in itertools.product(*(range(n) for n in mesh.shape)):
-        shapes = tuple(s.local_block(coord)[0] for s in in_specs)
+        shapes = tuple(s.local_shape(coord) for s in in_specs)
         if shapes in seen:
             continue
         seen.add(shapes)
@@ -90,7 +90,7 @@ def check_outputs(call: Call, rule, in_specs, out_specs) -> None:
         if len(leaves) != len(out_specs):
             return
         for j, (got, spec) in enumerate(zip(leaves, out_specs, strict=True)):
-            want = spec.local_block(coord)[0]
+            want = spec.local_shape(coord)
             if tuple(got.shape) != tuple(want) or got.dtype != spec.dtype:
                 raise RuleOutputError(_message(call, rule, in_specs, shapes, coord, j,
                                                got, spec, want))

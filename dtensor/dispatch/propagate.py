@@ -19,6 +19,7 @@ from dtensor.dispatch.meta import infer_meta, inplace_metas, shape_metas
 from dtensor.dispatch.op import LIST, OpInfo
 from dtensor.errors import UnsupportedOpError
 from dtensor.placement import replicated
+from dtensor.rules._util import takes_strided
 from dtensor.sharding import OpCall, Sharding
 from dtensor.spec import DTensorSpec, TensorMeta
 from dtensor.strided import unstrided
@@ -59,9 +60,10 @@ def propagate(call: Call, info: OpInfo) -> Plan:
     )
     rule = info.rule
     sharding = None
-    # Rules know Shard/Replicate/Partial: StridedShard operands are offered
-    # with those axes replicated, and gathered to that layout.
-    asked = unstrided(specs)
+    # Most rules know Shard/Replicate/Partial only: StridedShard operands are
+    # offered with those axes replicated, and gathered to that layout. Rules
+    # marked ``strided_aware`` (views, products) see the layout as it is.
+    asked = specs if takes_strided(rule) else unstrided(specs)
     if rule is not None:
         sharding = rule(OpCall(call.func, asked, call.key_args, dict(call.key_kwargs)))
     if sharding is None:

@@ -17,7 +17,23 @@ __all__ = [
     "reduced_shard",
     "returns",
     "shard_through_broadcast",
+    "strided_aware",
+    "takes_strided",
 ]
+
+
+def strided_aware(rule):
+    """Mark ``rule`` as one that reads ``StridedShard`` placements: dispatch
+    hands it operands as they are. Other rules see those axes ``Replicate``
+    (and the operands are gathered to that), so a rule that does not know
+    the layout never claims a plain shard of interleaved rows."""
+    rule.takes_strided = True
+    return rule
+
+
+def takes_strided(rule) -> bool:
+    """Whether ``rule`` was marked by ``strided_aware``."""
+    return getattr(rule, "takes_strided", False)
 
 
 def bind(call) -> dict:

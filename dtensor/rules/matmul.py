@@ -17,6 +17,20 @@ must be reduced first, go onto a shard (reduce-scatter) where gathering or
 reducing the smaller output later costs less than replicating them
 (all-reduce). ``matmul``, ``linear`` and ``einsum`` decompose into these ops
 and views before they reach the dispatcher.
+
+``StridedShard`` operands (a view that merged a cut inner dim into a row or
+a column dim) are read as they are (``strided_aware``): a letter cut by
+``StridedShard(_, sf)`` is one more kind of cut, offered as Shard is (the
+operands holding the letter cut alike, the output cut so where it holds
+the letter). A contracted letter is a ``Partial(sum)`` only when both
+operands hold it cut the same way, Shard or StridedShard of the same split
+factor; the rows each rank sums over are then the same. A StridedShard is
+kept only where no operand's shard is gathered for it (each keeps its
+layout, is cut from a whole copy, or has its pieces reduced): few rules
+read interleaved rows, so the next op that does not gathers them anyway,
+and a gather paid to keep them seldom pays off. Otherwise the strided
+operand is gathered (or cut as a plain shard), as for any rule that does
+not read the layout.
 """
 
 from __future__ import annotations
@@ -25,8 +39,8 @@ import math
 
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard, is_linear_partial
-from dtensor.rules._util import shard_through_broadcast
+from dtensor.placement import Partial, Replicate, Shard, StridedShard, is_linear_partial
+from dtensor.rules._util import shard_through_broadcast, strided_aware
 from dtensor.sharding import Sharding
 
 __all__ = ["RULES", "einsum_rule"]
@@ -36,27 +50,40 @@ aten = torch.ops.aten
 _INF = float("inf")
 
 
+def _cut(p) -> bool:
+    return isinstance(p, (Shard, StridedShard))
+
+
 def _cost(p, w, numel: int) -> float:
     if p == w:
         return 0.0
     if isinstance(w, Replicate):
         return float(numel)
-    if isinstance(w, Shard):
+    if _cut(w):
         # from another shard: gathered, then sliced (as a gather costs)
         return 0.01 * numel if isinstance(p, Replicate) else float(numel)
     # w is Partial: only a replicated operand may become partial cheaply.
     return 0.01 * numel if isinstance(p, Replicate) else _INF
 
 
+def _cutters(pa, pb):
+    """Ways to cut a letter on this axis: Shard, and StridedShard of each
+    split factor an operand holds (so an operand keeps its interleaved rows)."""
+    factors = sorted({p.split_factor for p in (pa, pb) if isinstance(p, StridedShard)})
+    return (Shard, *(lambda d, sf=sf: StridedShard(d, sf) for sf in factors))
+
+
 def _candidates(la: str, lb: str, lo: str, pa, pb, pbias=None):
     yield Replicate(), Replicate(), Replicate()
-    for i, letter in enumerate(lo):
-        wa = Shard(la.index(letter)) if letter in la else Replicate()
-        wb = Shard(lb.index(letter)) if letter in lb else Replicate()
-        yield wa, wb, Shard(i)
-    for letter in la:
-        if letter in lb and letter not in lo:
-            yield Shard(la.index(letter)), Shard(lb.index(letter)), Partial("sum")
+    for cut in _cutters(pa, pb):
+        for i, letter in enumerate(lo):
+            wa = cut(la.index(letter)) if letter in la else Replicate()
+            wb = cut(lb.index(letter)) if letter in lb else Replicate()
+            yield wa, wb, cut(i)
+        for letter in la:
+            if letter in lb and letter not in lo:
+                # the same cut of both: each rank sums over the same indices
+                yield cut(la.index(letter)), cut(lb.index(letter)), Partial("sum")
     if is_linear_partial(pa):
         yield pa, Replicate(), pa
     if is_linear_partial(pb):
@@ -86,16 +113,23 @@ def _later(o, pa, pb, wa, wb, na: int, nb: int, out_shape, ranks: int | None,
         # than a large output left to reduce (bmm of (b, m, 1) by (b, 1, n)).
         if isinstance(o, Partial):
             return 1e-3 + no
-        return float(no) if gathered and isinstance(o, Shard) else 0.0
-    if isinstance(o, Shard) and out_shape[o.dim] < ranks:
+        return float(no) if gathered and _cut(o) else 0.0
+    if _cut(o) and out_shape[o.dim] < ranks:
         return _INF  # some ranks would hold nothing, yet pay the reduction
     more = (na if _extreme(pa) and isinstance(wa, Replicate) else 0) + (
         nb if _extreme(pb) and isinstance(wb, Replicate) else 0)
-    return more + (2 * no if isinstance(o, Partial) else no if isinstance(o, Shard) else 0)
+    return more + (2 * no if isinstance(o, Partial) else no if _cut(o) else 0)
+
+
+def _free(p, w) -> bool:
+    """Operand layout ``w`` gathers no shard of ``p``: kept, cut from a whole
+    copy, or pieces reduced whole (as they would be before any other use)."""
+    return p == w or isinstance(p, Replicate) or (
+        isinstance(p, Partial) and isinstance(w, Replicate))
 
 
 def _resharded(p, w) -> bool:
-    return isinstance(p, Shard) and isinstance(w, Shard) and p != w
+    return _cut(p) and _cut(w) and p != w
 
 
 def _choose(la, lb, lo, a, b, out_shape, bias=None):
@@ -119,13 +153,17 @@ def _choose(la, lb, lo, a, b, out_shape, bias=None):
             # output, so that gather counts as for an outer product (a 1x1
             # matrix_power: replicating both factors once beats gathering
             # every product's shard again).
-            short = isinstance(o, Shard) and out_shape[o.dim] < a.mesh.size(axis)
+            short = _cut(o) and out_shape[o.dim] < a.mesh.size(axis)
+            strided = any(isinstance(w, StridedShard) for w in (wa, wb, o))
+            if strided and not (_free(pa, wa) and _free(pb, wb)):
+                continue
             c = _cost(pa, wa, na) + _cost(pb, wb, nb) + _later(
                 o, pa, pb, wa, wb, na, nb, out_shape, ranks, grows or short)
             moved = _resharded(pa, wa) or _resharded(pb, wb)
             if bias is not None:
-                wbias = shard_through_broadcast(o, bias.shape, out_shape) \
-                    if isinstance(o, Shard) else o
+                wbias = _through(o, bias.shape, out_shape) if _cut(o) else o
+                if strided and not _free(pbias, wbias):
+                    continue
                 c += _cost(pbias, wbias, nbias)
                 moved = moved or _resharded(pbias, wbias)
             if whole is None:  # the first candidate: all replicated
@@ -133,7 +171,7 @@ def _choose(la, lb, lo, a, b, out_shape, bias=None):
             # of equal costs, one that keeps the operands' shards
             if best is None or (c, moved) < (best[0], best[4]):
                 best = (c, wa, wb, o, moved)
-        if best[4] and isinstance(best[3], Shard) and whole[0] <= best[0] + no:
+        if best[4] and _cut(best[3]) and whole[0] <= best[0] + no:
             best = whole
         wa_all.append(best[1])
         wb_all.append(best[2])
@@ -141,12 +179,18 @@ def _choose(la, lb, lo, a, b, out_shape, bias=None):
     return tuple(wa_all), tuple(wb_all), tuple(out)
 
 
+def _through(o, shape, out_shape):
+    """The cut a bias of ``shape`` broadcast to ``out_shape`` needs where the
+    output is cut by ``o``: the same cut of its matching dim, or Replicate."""
+    w = shard_through_broadcast(Shard(o.dim), shape, out_shape)
+    if isinstance(o, StridedShard) and isinstance(w, Shard):
+        return StridedShard(w.dim, o.split_factor)
+    return w
+
+
 def _bias_want(bias, out_shape, out):
     # A partial output needs a partial bias (zeros elsewhere).
-    return tuple(
-        shard_through_broadcast(p, bias.shape, out_shape) if isinstance(p, Shard) else p
-        for p in out
-    )
+    return tuple(_through(p, bias.shape, out_shape) if _cut(p) else p for p in out)
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -159,6 +203,7 @@ def einsum_rule(spec: str, bias: bool = False):
     ins, lo = spec.split("->")
     la, lb = ins.split(",")
 
+    @strided_aware
     def rule(call):
         specs = call.specs
         if len(specs) != (3 if bias else 2):

@@ -2,31 +2,40 @@
 expand, slice, select, split/unbind, flip, roll (cat, stack, index_select
 and gather: ``dtensor.rules.join``).
 
-Shards follow the dims they live on. A view that merges or splits dims keeps
-a shard only on the leading (major) dim of the group and only when the
-pieces are even, so every local block is exactly the block of the output
-layout; otherwise that dim is gathered first. Ops whose size arguments name
-global sizes (view, expand) are run with this rank's block sizes. Views only
-move, pick or repeat elements, so partial values of every reduce op pass
-through them.
+Shards follow the dims they live on, ``StridedShard`` too (the rules here
+but expand and repeat read it: ``strided_aware``). A view that merges or
+splits dims keeps a shard where every local block is exactly the block of
+the output layout: a shard of the leading (major) dim of the group when the
+pieces are even; a shard of the last dim of a merged group, the others
+whole, as ``StridedShard(merged, split_factor=product of the dims before
+it)`` (each rank's rows are its piece of every run of the inner dim, uneven
+or empty pieces included); and back, ``StridedShard(d, sf)`` split into
+``(sf, rest)`` as a shard of ``rest``. Otherwise that dim is gathered
+first. Ops whose size arguments name global sizes (view, expand) are run
+with this rank's block sizes. Views only move, pick or repeat elements, so
+partial values of every reduce op pass through them.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from dtensor.placement import Partial, Replicate, Shard
-from dtensor.rules._util import bind, norm_dim, num_shards
+from dtensor.placement import Partial, Replicate, Shard, StridedShard
+from dtensor.rules._util import bind, norm_dim, num_shards, strided_aware
 from dtensor.sharding import Sharding
-from dtensor.spec import local_block
+from dtensor.spec import local_shape
 
 __all__ = ["RULES", "view_groups"]
 
 aten = torch.ops.aten
 
 
-def _map_dims(spec, dim_map):
-    """Placements through ``dim_map`` (input dim -> output dim or None = gather).
+def _carried(spec, carry):
+    """(input placements wanted, output placements), where ``carry(p)`` says
+    what a cut ``p`` (Shard or StridedShard) of an input dim becomes in the
+    output, None where that dim is gathered first.
 
     Every Partial passes, max/min included: these ops only move, pick or
     repeat elements, and that commutes with any elementwise reduction. (It
@@ -35,18 +44,29 @@ def _map_dims(spec, dim_map):
     """
     want, out = [], []
     for p in spec.placements:
-        if isinstance(p, Shard):
-            od = dim_map(p.dim)
-            if od is None:
-                want.append(Replicate())
-                out.append(Replicate())
-            else:
-                want.append(p)
-                out.append(Shard(od))
+        q = carry(p) if isinstance(p, (Shard, StridedShard)) else p
+        if q is None:
+            want.append(Replicate())
+            out.append(Replicate())
         else:
             want.append(p)
-            out.append(p)
+            out.append(q)
     return tuple(want), tuple(out)
+
+
+def _moved(p, od: int):
+    """Cut ``p`` on output dim ``od``: the same rows of a dim that moved."""
+    return StridedShard(od, p.split_factor) if isinstance(p, StridedShard) else Shard(od)
+
+
+def _map_dims(spec, dim_map):
+    """Placements through ``dim_map`` (input dim -> output dim or None = gather)."""
+
+    def carry(p):
+        od = dim_map(p.dim)
+        return None if od is None else _moved(p, od)
+
+    return _carried(spec, carry)
 
 
 # (spec, coordinate) -> local block shape: views run on every cached call.
@@ -57,7 +77,7 @@ def _block_shape(out_spec, coord):
     key = (out_spec, coord)
     shape = _block_shapes.get(key)
     if shape is None:
-        shape = local_block(out_spec.shape, out_spec.mesh.shape, out_spec.placements, coord)[0]
+        shape = local_shape(out_spec.shape, out_spec.mesh.shape, out_spec.placements, coord)
         if len(_block_shapes) >= 4096:
             _block_shapes.clear()
         _block_shapes[key] = shape
@@ -103,7 +123,17 @@ def view_groups(ishape, oshape):
 
 
 def _view_local(func, coord, out_specs, args, kwargs):
-    return func(args[0], _block_shape(out_specs[0], coord))
+    shape = _block_shape(out_specs[0], coord)
+    try:
+        return func(args[0], shape)
+    except RuntimeError:
+        # A block whose strides cannot express the view though its global
+        # tensor's can (an uneven piece kept as a slice of a larger buffer,
+        # say a from_local block): this rank's view is a copy of the same
+        # elements. Our own producers hand over contiguous uneven pieces.
+        if func is aten.expand.default or args[0].is_contiguous():
+            raise
+        return func(args[0].contiguous(), shape)
 
 
 def view_rule(call):
@@ -130,24 +160,49 @@ def view_rule(call):
         if all(isinstance(p, (Replicate, Partial)) for p in spec.placements):
             return Sharding((None,), (spec.placements,))
         return None
-    where = {}
+    carry = {}
     for ins, outs in groups:
-        major_in = next((d for d in ins if spec.shape[d] != 1), None)
-        major_out = next((d for d in outs if size[d] != 1), None)
-        big_in = [d for d in ins if spec.shape[d] != 1]
-        big_out = [d for d in outs if size[d] != 1]
-        for d in ins:
-            if d != major_in or major_out is None:
-                where[d] = None
-            elif len(big_in) == 1 and len(big_out) == 1:
-                where[d] = major_out
-            else:
-                k = num_shards(spec, d)
-                ok = spec.shape[d] % k == 0 and size[major_out] % k == 0
-                where[d] = major_out if ok else None
+        carry.update(_group_carry(spec, size, ins, outs))
     # Size-1 dims grouped away hold a shard of size 1 or 0: gather them.
-    want, out = _map_dims(spec, lambda d: where.get(d))
+    want, out = _carried(spec, lambda p: carry[p.dim](p) if p.dim in carry else None)
     return Sharding((want,), (out,), local=_view_local)
+
+
+def _group_carry(spec, size, ins, outs) -> dict:
+    """For the input dims ``ins`` viewed as the output dims ``outs`` (equal
+    products): input dim -> what a cut of it becomes (``_carried``)."""
+    big_in = [d for d in ins if spec.shape[d] != 1]
+    big_out = [d for d in outs if size[d] != 1]
+    if not big_in:
+        return {}
+    major_in, major_out = big_in[0], big_out[0]
+    if len(big_in) == 1 and len(big_out) == 1:
+        return {major_in: lambda p: _moved(p, major_out)}
+    cuts = {d: [p for p in spec.placements if isinstance(p, (Shard, StridedShard)) and p.dim == d]
+            for d in big_in}
+    k = num_shards(spec, major_in)
+    even = spec.shape[major_in] % k == 0 and size[major_out] % k == 0
+    # The major dim's contiguous pieces stay contiguous when they are even;
+    # a StridedShard of it is gathered (its runs need not fall on whole rows).
+    carry = {major_in: lambda p: Shard(major_out) if isinstance(p, Shard) and even else None}
+    last = big_in[-1]
+    if len(big_out) == 1 and cuts[last] and all(isinstance(p, Shard) for p in cuts[last]) \
+            and not any(cuts[d] for d in big_in[:-1]):
+        # Merged, the inner dim cut: every run of it (one per index of the
+        # dims before) holds this rank's piece, in order.
+        sf = math.prod(spec.shape[d] for d in ins[:ins.index(last)])
+        carry[last] = lambda p: StridedShard(major_out, sf)
+    elif len(big_in) == 1 and cuts[major_in] and all(
+            isinstance(p, StridedShard) and p.split_factor == _before(size, outs, big_out[-1])
+            for p in cuts[major_in]):
+        # Split back: one run per index of the leading output dims.
+        carry[major_in] = lambda p: Shard(big_out[-1])
+    return carry
+
+
+def _before(size, outs, d: int) -> int:
+    """Product of the sizes of the output dims of ``outs`` before ``d``."""
+    return math.prod(size[o] for o in outs[:outs.index(d)])
 
 
 # transpose / permute / t ----------------------------------------------------------
@@ -302,7 +357,12 @@ def _whole_dims_rule(dims_arg: str):
     return rule
 
 
-RULES: dict = {
+# Every rule here maps placements by dims alone: a StridedShard of a dim the
+# op leaves in place keeps its rows, as a Shard does. Those that make more
+# elements than they read (expand, repeat) see it replicated: few rules read
+# interleaved rows, and the next one would gather the larger output.
+_GROWS = (aten.expand.default, aten.repeat.default)
+RULES: dict = {op: rule if op in _GROWS else strided_aware(rule) for op, rule in {
     aten.view.default: view_rule,
     aten._unsafe_view.default: view_rule,
     aten.transpose.int: transpose_rule,
@@ -322,4 +382,4 @@ RULES: dict = {
     aten.unbind.int: drop_dim_rule,
     aten.flip.default: _whole_dims_rule("dims"),
     aten.roll.default: _whole_dims_rule("dims"),
-}
+}.items()}
