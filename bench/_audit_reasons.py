@@ -14,8 +14,9 @@ _REREAD_PIECES = ("a small Partial value read by several ops: ours keeps sum() o
                   "three ops that read it reduces it again (3 x 4 B), where PyTorch "
                   "reduces the weights once before the sum; the bytes are equal (76 B), "
                   "ours sends 2 collectives more. Reducing once needs a DTensor to keep "
-                  "its reduced value across ops (a dispatch cache tied to the block's "
-                  "version), not a rule")
+                  "its reduced value across ops; a cache tied to the block's version is "
+                  "unsafe (a rank writing its pieces in place would reduce again while "
+                  "the others read the cache: a hang), and no rule sees the later reads")
 _REASONS: dict[str, tuple[str, ...]] = {
     _REREAD_PIECES: ("cov` sample 2 P(avg)",),
 }
