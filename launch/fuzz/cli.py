@@ -197,12 +197,19 @@ def _nothing_ran(state: Session, run_dir: Path) -> str:
     if not state.props and not any(w["rc"] for w in state.worlds):
         return f"no @given test among the collected tests ({shlex.join(state.args)})"
     logs = sorted(run_dir.glob("world*.log"))
-    lines = _tail(logs[-1], 400).splitlines() if logs else []
-    said = [ln.strip() for ln in lines if ("Error" in ln or "error:" in ln)
-            and "elastic/errors.html" not in ln and "ChildFailedError" not in ln]
-    reason = "; ".join(dict.fromkeys(said[-3:])) or "(no error line in the log)"
+    # The newest world that said why: the last one may have been stopped at
+    # the session's end before its ranks got as far as the error.
+    said, log = [], (logs[-1] if logs else run_dir)
+    for candidate in reversed(logs):
+        said = [ln.strip() for ln in _tail(candidate, 400).splitlines()
+                if ("Error" in ln or "error:" in ln)
+                and "elastic/errors.html" not in ln and "ChildFailedError" not in ln]
+        if said:
+            log = candidate
+            break
+    reason = "; ".join(dict.fromkeys(said[-3:])) or "(no error line in the logs)"
     return (f"{len(state.worlds)} world(s) exited without running a slice: {reason}; "
-            f"log {logs[-1] if logs else run_dir}")
+            f"log {log}")
 
 
 def _world(args: argparse.Namespace, pytest_args: list[str], run_dir: Path, db: Path,

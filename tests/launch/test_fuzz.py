@@ -135,6 +135,21 @@ def test_a_watchdog_report_is_a_hang_or_dead_rank():
     assert parse_failure("t.py::a", "LockstepDivergence: ranks diverged", 0).kind == "divergence"
 
 
+def test_a_session_that_ran_nothing_says_why_from_the_newest_world_that_said_it(tmp_path):
+    # The session's end can stop its last world before that world's ranks
+    # reach the error the first world logged.
+    from launch.fuzz.cli import _nothing_ran
+
+    (tmp_path / "world0.log").write_text(
+        "[rank1] ImportError: this module cannot be imported on a rank (planted)\n")
+    (tmp_path / "world1.log").write_text("launch: starting 2 ranks\n")
+    state = Session(args=["test_r.py"], props=[], worlds=[{"rc": 1}, {"rc": -15}])
+    why = _nothing_ran(state, tmp_path)
+    assert "2 world(s) exited without running a slice" in why, why
+    assert "cannot be imported on a rank (planted)" in why, why
+    assert str(tmp_path / "world0.log") in why, why
+
+
 def test_replay_line_uses_the_database_and_keeps_env_and_options():
     line = from_lockstep(parse_failure("t.py::a", RANK_FAILURE, 0).replay, "t.py::a[x]", 4, "/db")
     assert line == ("Replay: DTENSOR_MUTANT=m LAUNCH_FUZZ_DB=/db torchrun --nproc_per_node=4 "
