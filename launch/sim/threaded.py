@@ -9,6 +9,7 @@ group lacks.
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 from collections.abc import Callable
@@ -101,6 +102,39 @@ def _hook_waits(mtpg: Any) -> tuple:
     return join, barrier
 
 
+def _quick_world(mtpg: Any) -> type:
+    """Torch's per-thread c10d world, each of its fields one call away.
+
+    c10d reads its world's fields on every call (``group.WORLD`` is a field:
+    ``dist.get_rank()`` reads three), and torch's per-thread world reaches
+    each through three Python calls: tens of thousands of calls per test at
+    512 ranks. Here a field is read from the thread's data in one, falling
+    back to torch's where the thread has none yet.
+    """
+    base = mtpg.ThreadLocalWorld
+    if _quick[:1] and _quick[0].__base__ is base:
+        return _quick[0]
+    here = base._world  # the class's thread-local data
+
+    def field(name: str, slow: property) -> property:
+        read = operator.attrgetter(f"world.{name}")
+
+        def get(self: Any) -> Any:
+            try:
+                return read(here)
+            except AttributeError:  # this thread's world is not made yet
+                return slow.fget(self)
+
+        return property(get, slow.fset, doc=slow.__doc__)
+
+    fields = {k: field(k, v) for k, v in vars(base).items() if isinstance(v, property)}
+    _quick[:] = [type("QuickThreadLocalWorld", (base,), fields)]
+    return _quick[0]
+
+
+_quick: list = []
+
+
 def _enter() -> None:
     """Route c10d through per-thread worlds (process-wide; undone by ``_exit``)."""
     global _depth, _saved_world
@@ -117,7 +151,7 @@ def _enter() -> None:
         # Installed by hand (not mtpg._install_threaded_pg) so that leaving
         # restores exactly what was there, and autograd's device threads stay
         # on: the ranks call backward() from their own threads.
-        dist.distributed_c10d._world = mtpg.ThreadLocalWorld()
+        dist.distributed_c10d._world = _quick_world(mtpg)()
         global _saved_waits
         _saved_waits = (*_hook_waits(mtpg), collectives.install(mtpg))
         if mtpg.ReduceScatter is not _ReduceScatter:
