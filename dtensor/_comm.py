@@ -68,17 +68,29 @@ _REDUCE = {
 }
 
 
+_AVAILABLE = dist.is_available()
+
+
+def _default_group():
+    """c10d's default group or None, read from c10d's world at every call (a
+    test service swaps worlds) in one step, where ``dist.get_rank()`` takes
+    several: a mesh asks about the world on every rank, half a dozen times."""
+    return dist.distributed_c10d._world.default_pg if _AVAILABLE else None
+
+
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return _default_group() is not None
 
 
 def get_rank() -> int:
     """Global rank of this process; 0 when no process group is initialised."""
-    return dist.get_rank() if is_initialized() else 0
+    pg = _default_group()
+    return 0 if pg is None else pg.rank()
 
 
 def get_world_size() -> int:
-    return dist.get_world_size() if is_initialized() else 1
+    pg = _default_group()
+    return 1 if pg is None else pg.size()
 
 
 def count(kind: str, t: torch.Tensor | None = None, copies: int = 1) -> None:

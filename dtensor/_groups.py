@@ -22,6 +22,7 @@ interpreter's exit) goes through here.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import threading
 import time
@@ -45,6 +46,16 @@ _groups_lock = threading.Lock()
 # check of a 1,024-rank tuple, asked for by every rank of a simulated world, once.
 _ints: dict[int, tuple[int, ...]] = {}
 _INTS_MAX = 4096
+# (world tag, ranks, generation) -> (group name, global-to-group rank map):
+# what a group's making needs that does not depend on the asking rank. Every
+# member of a simulated world's line asks for it (a 512-rank line's name and
+# map built 512 times), and sharing the map is safe since c10d only reads it
+# (``launch.sim.groups.share_world_ranks`` does the same for the world group).
+_parts: dict[tuple, tuple[str, dict[int, int]]] = {}
+_PARTS_MAX = 4096
+# id(default group) -> (default group, its world tag): a mesh asks for the tag
+# (five calls into c10d) on every rank. Forgotten when the world ends.
+_tags: dict[int, tuple[object, str]] = {}
 
 def world_tag() -> str:
     """Names the current world: equal on all its ranks, stable across runs.
@@ -56,11 +67,17 @@ def world_tag() -> str:
     service, get different tags, so a program compiled in one is never
     replayed in another.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    pg = dist.distributed_c10d._world.default_pg if dist.is_available() else None
+    if pg is None:
         return "local"
-    pg = dist.distributed_c10d._get_default_group()
+    known = _tags.get(id(pg))
+    if known is not None and known[0] is pg:
+        return known[1]
     name = str(pg.group_name).replace(":", ".")
-    return f"{name}.{pg.size()}"
+    tag = f"{name}.{pg.size()}"
+    with _groups_lock:
+        _tags[id(pg)] = (pg, tag)
+    return tag
 
 
 def group_for(ranks: Sequence[int]):
@@ -77,7 +94,10 @@ def group_for(ranks: Sequence[int]):
         # ranks, checked once for all of them
         elif len(_ints) < _INTS_MAX:
             _ints[id(ranks)] = ranks
-    world = dist.distributed_c10d._get_default_group()
+    world = dist.distributed_c10d._world.default_pg
+    if world is None:
+        raise ValueError("group_for: no default process group; call "
+                         "dist.init_process_group first")
     entry = _groups.get(id(world))
     if entry is not None and entry[0] is world:
         group = entry[1].get(ranks)
@@ -114,6 +134,9 @@ def _wrap_destroy(destroy):
         if not threaded:  # a threaded group (ranks as threads) has no workers to drain
             _ended.append(True)  # never the group: holding it would keep its workers alive
         with _groups_lock:
+            known = _tags.get(id(target))
+            if known is not None and known[0] is target:
+                del _tags[id(target)]
             for key, (world, groups, _lock, destroyed) in list(_groups.items()):
                 if world is target:  # the world ended, and its groups with it
                     del _groups[key]
@@ -179,26 +202,46 @@ def group_name_for(ranks: Sequence[int], generation: int = 0) -> str:
     return f"{name}~{generation}" if generation else name
 
 
+@functools.lru_cache(maxsize=8)
+def _whole(n: int) -> tuple[int, ...]:
+    return tuple(range(n))
+
+
+def _group_parts(ranks: tuple[int, ...], generation: int) -> tuple[str, dict[int, int]]:
+    key = (world_tag(), ranks, generation)
+    parts = _parts.get(key)
+    if parts is None:
+        if len(_parts) >= _PARTS_MAX:
+            _parts.clear()
+        parts = _parts[key] = (group_name_for(ranks, generation),
+                               {g: i for i, g in enumerate(ranks)})
+    return parts
+
+
 def _create_group(ranks: tuple[int, ...], generation: int = 0):
-    me = dist.get_rank()
+    c10d = dist.distributed_c10d
+    world = c10d._world
+    default = world.default_pg  # (c10d's own accessors reach it in several calls each)
+    me = default.rank()
     if me not in ranks:
         raise AssertionError(f"rank {me} asked for group {ranks} it is not in")
-    if ranks == tuple(range(dist.get_world_size())):
-        return dist.group.WORLD
-    c10d = dist.distributed_c10d
-    name = group_name_for(ranks, generation)
+    size = default.size()
+    if len(ranks) == size and ranks == _whole(size):
+        return default
+    name, rank_map = _group_parts(ranks, generation)
+    backend, store = world.pg_map[default]  # what get_backend() and _get_default_store() read
     try:
         group, _ = c10d._new_process_group_helper(
             len(ranks),
             ranks.index(me),
             list(ranks),
-            dist.get_backend(),
-            c10d._get_default_store(),
+            dist.Backend(backend),
+            store,
             c10d.GroupName(name) if hasattr(c10d, "GroupName") else name,
             timeout=c10d.default_pg_timeout,
         )
     except TypeError:  # pragma: no cover - private helper changed signature
         # NOTE: fallback with the naming caveat from the module docstring.
         return dist.new_group(list(ranks), use_local_synchronization=True)
-    c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
+    c10d._world.pg_group_ranks[group] = rank_map
     return group
