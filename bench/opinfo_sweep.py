@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,11 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _sweep_summary import summarise, summarise_bytes  # noqa: E402
+from _sweep_worlds import free_port, run_worlds  # noqa: E402
+
 RANK_VERDICT_TIMEOUT = 90
 # Gloo's words for a world whose connections are gone (after a collective one
 # rank never joined timed out): nothing sent on it afterwards arrives.
@@ -394,50 +398,21 @@ def _parent(args) -> int:
         results = Path(str(results) + ".update")
         args.results = str(results)
     results.write_text("")
-    progress = Path(args.results + ".progress")
-    progress.unlink(missing_ok=True)
-    start, t0 = 0, time.time()
-    while True:
-        cmd = [
+    t0 = time.time()
+
+    def command(start: int) -> list[str]:
+        return [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            "--master_port", str(_free_port()), __file__, "--worker",
+            "--master_port", str(free_port()), __file__, "--worker",
             "--from-index", str(start), "--results", str(results),
             "--max-samples", str(args.max_samples),
         ] + (["--ops", args.ops] if args.ops else []) + (["--bytes"] if args.bytes else []) + (
             ["--audit", "--max-layouts", str(args.max_layouts)] if args.audit else []) + (
             ["--mixed", "--max-layouts", str(args.max_layouts)] if args.mixed else [])
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        log = open(args.results + ".log", "a")
-        try:
-            rc = subprocess.run(cmd, env=env, timeout=args.world_timeout,
-                                stdout=log, stderr=log).returncode
-        except subprocess.TimeoutExpired:
-            rc = -1
-        finally:
-            log.close()
-        if not progress.exists():
-            print("worker did not start", file=sys.stderr)
-            return 1
-        state = json.loads(progress.read_text())
-        if rc == 0 and state["name"] is None:
-            break
-        # The op in progress crashed or hung the world: count it as an error
-        # for whichever side had not finished, and go on after it.
-        done = {json.loads(line)["index"] for line in results.read_text().splitlines()}
-        if state["index"] not in done:
-            # The side that was running crashed; a side that had finished
-            # keeps its verdict, one that had not started counts as an error.
-            record = dict(state.get("record") or {"index": state["index"], "op": state["name"]})
-            for impl in ("ours", "torch"):
-                if impl not in record:
-                    record[impl] = "error"
-                    record[impl + "_detail"] = ("world crashed or hung" if state.get("impl") in (
-                        None, impl) else "not run: the world crashed in the other runtime")
-            record["crash"] = state.get("impl") or True
-            with results.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        start = state["index"] + 1
-        print(f"restarting after {state['name']} (rc={rc})", file=sys.stderr)
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    if run_worlds(results, command, args.world_timeout, env):
+        return 1
     records = [json.loads(line) for line in results.read_text().splitlines()]
     if args.update:
         fresh = {r["op"]: r for r in records}
@@ -448,102 +423,17 @@ def _parent(args) -> int:
     if args.audit:
         return 0  # bench/comm_audit.py reads the results file
     if args.bytes:
-        summary = _summarise_bytes(records, time.time() - t0, args)
+        summary = summarise_bytes(records, time.time() - t0, args)
         print(summary)
         if not args.ops:
             Path(args.bytes_markdown).write_text(summary)
         return 0
-    summary = _summarise(records, time.time() - t0, args)
+    summary = summarise(records, time.time() - t0, args)
     print(summary)
     if not args.ops or args.update:
         Path(args.markdown).write_text(summary)
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _summarise(records, seconds: float, args) -> str:
-    tested = [r for r in records if "skip" not in r]
-    skipped = [r for r in records if "skip" in r]
-    layouts = (
-        f"every tensor input its own Replicate or Shard(d) (samples with two or more "
-        f"tensors; layouts differing between inputs, at most {args.max_layouts} per sample)"
-        if args.mixed else "inputs Replicate and Shard(d) for every dim")
-    lines = [
-        "# OpInfo sweep" + (" with mixed layouts" if args.mixed else "")
-        + ": dtensor vs torch.distributed.tensor",
-        "",
-        f"`python bench/opinfo_sweep.py{' --mixed' if args.mixed else ''} "
-        f"--max-samples {args.max_samples}`: "
-        f"{len(records)} OpInfo entries, float32 CPU samples (at most "
-        f"{args.max_samples} per op), 2-rank Gloo world, {layouts}; full results "
-        "compared with the plain op "
-        f"(atol=rtol=1e-4). Took {seconds / 60:.1f} min on 2 cores.",
-        "",
-        "| | pass | wrong | error |",
-        "|---|---|---|---|",
-    ]
-    for impl in ("ours", "torch"):
-        c = {k: sum(1 for r in tested if r.get(impl) == k) for k in ("pass", "wrong", "error")}
-        pct = 100.0 * c["pass"] / max(1, len(tested))
-        label = "dtensor (ours)" if impl == "ours" else "torch.distributed.tensor"
-        lines.append(f"| {label} | {c['pass']} ({pct:.1f}%) | {c['wrong']} | {c['error']} |")
-    lines += ["", f"Tested ops: {len(tested)}; skipped: {len(skipped)} "
-              + "(" + ", ".join(
-                  f"{k}: {sum(1 for r in skipped if r['skip'] == k)}"
-                  for k in sorted({r['skip'] for r in skipped})) + ")", ""]
-    for impl in ("ours", "torch"):
-        for kind in ("wrong", "error"):
-            bad = [r for r in tested if r.get(impl) == kind]
-            if not bad:
-                continue
-            lines.append(f"## {impl}: {kind} ({len(bad)})")
-            lines.append("")
-            for r in bad:
-                lines.append(f"- `{r['op']}`: {r.get(impl + '_detail', '')}")
-            lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def _summarise_bytes(records, seconds: float, args) -> str:
-    measured = [r for r in records if r.get("bytes", {}).get("cases")]
-    more = sorted((r for r in measured if r["bytes"]["ours"] > r["bytes"]["torch"]),
-                  key=lambda r: r["bytes"]["torch"] - r["bytes"]["ours"])
-    less = [r for r in measured if r["bytes"]["ours"] < r["bytes"]["torch"]]
-    lines = [
-        "# Fallback bytes audit: dtensor vs torch.distributed.tensor",
-        "",
-        f"`python bench/opinfo_sweep.py --bytes --max-samples {args.max_samples}`"
-        f" ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"{seconds / 60:.1f} min on 2 cores): {len(records)} OpInfo entries, float32 "
-        "CPU samples, 2-rank Gloo world, every tensor input Shard(d) for each dim d "
-        "it has (Replicate where it has fewer dims). Wire bytes one rank receives "
-        "to run the op and make its result a full tensor (`bench/_comm_bytes.py`, the "
-        "same counter for both; a result left Partial or sharded pays there; "
-        "distributing the inputs is not counted), summed "
-        "over the layouts both runtimes get right.",
-        "",
-        f"Ops measured: {len(measured)}; ours moves more: {len(more)}; fewer: "
-        f"{len(less)}; the same: {len(measured) - len(more) - len(less)}.",
-        "",
-    ]
-    if more:
-        lines += ["## Ops where ours moves more", "",
-                  "| op | layouts | ours wire B | torch wire B | cases (ours vs torch) |",
-                  "|---|---:|---:|---:|---|"]
-        for r in more:
-            b = r["bytes"]
-            lines.append(f"| `{r['op']}` | {b['cases']} | {b['ours']:.0f} | {b['torch']:.0f} | "
-                         + "; ".join(b["more"]) + " |")
-        lines.append("")
-    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
