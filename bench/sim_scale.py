@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and keep the median run (a shared machine's speed drifts)")
     p.add_argument("-v", "--verbose", action="store_true", help="print failing output")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat: runs per side must be at least 1, got {args.repeat}")
     sizes = [int(s) for s in args.sizes.split(",")]
     bad = [s for s in sizes if s not in SHAPES_3D]
     if bad:
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in sizes:
         runs_a, runs_b = [], []
-        for _ in range(max(1, args.repeat)):
+        for _ in range(args.repeat):
             if args.side in ("both", "ours"):
                 runs_a.append(ours(n, args.timeout, args.inputs))
             if args.side in ("both", "torch"):
