@@ -80,7 +80,8 @@ def test_pointwise_on_alike_partial_operands_matches_single_device(n_ranks, worl
 
     case = data.draw(st.sampled_from(_MULTI_POINTWISE), label="op")
     layout = data.draw(mesh_layouts(world_size=world.size), label="layout")
-    shapes = data.draw(case.shapes, label="shapes") if case.shapes else case.example
+    shapes = (data.draw(case.shapes, label="shapes") if case.shapes is not None
+              else case.example)
     ndim = min(len(s) for s in shapes)
     op = data.draw(st.sampled_from(("sum", "avg", "max", "min")), label="reduce op")
     ps = data.draw(placements(mesh_ndim=layout.ndim, tensor_ndim=ndim, reduce_ops=(op,),
