@@ -217,7 +217,14 @@ def all_reduce(t: torch.Tensor, op: str, group, *, _fresh: bool = False,
 
 def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     """All ranks' ``t`` (same shape on every rank), in group-rank order."""
-    return list(_gather_stacked(settle(t), group, False).unbind(0))
+    return list(all_gather_stacked(t, group).unbind(0))
+
+
+def all_gather_stacked(t: torch.Tensor, group) -> torch.Tensor:
+    """All ranks' ``t`` (same shape on every rank) stacked on a new leading
+    dim in group-rank order: ``(n, *t.shape)``, for callers that combine the
+    ranks' values with one vectorized op instead of a loop over ranks."""
+    return _gather_stacked(settle(t), group, False)
 
 
 def all_gather_cat(t: torch.Tensor, group, *, async_op: bool = False) -> torch.Tensor:

@@ -311,7 +311,7 @@ def extreme_along_dim_rule(call):
         for axis in axes:
             group = mesh.axis_group(axis)
             if group is not None:
-                pair = _pick(_comm.all_gather(pair, group), how, floating)
+                pair = _pick(_comm.all_gather_stacked(pair, group), how, floating)
         index = pair[1].to(torch.int64)
         if index_only:
             return index
@@ -322,20 +322,22 @@ def extreme_along_dim_rule(call):
     return Sharding((want,), (out,) * n, local=local, shapes=(shape,) * n)
 
 
-def _pick(pairs, how: str, floating: bool) -> torch.Tensor:
-    """The winning (key, index) of the ranks' stacked pairs, element-wise."""
-    best = pairs[0]
-    for other in pairs[1:]:
-        bk, ok = best[0], other[0]
-        if floating:
-            # -0's key sits just below +0's; torch compares them equal, so
-            # they tie and the index decides.
-            bk = torch.where(bk == -1, torch.zeros_like(bk), bk)
-            ok = torch.where(ok == -1, torch.zeros_like(ok), ok)
-        wins = ok > bk if how == "max" else ok < bk
-        wins |= (ok == bk) & (other[1] < best[1])
-        best = torch.where(wins, other, best)
-    return best
+def _pick(pairs: torch.Tensor, how: str, floating: bool) -> torch.Tensor:
+    """The winning (key, index) of the ranks' pairs stacked on dim 0,
+    element-wise: the extreme key, ties to the smallest index, then to the
+    first rank. Vectorized over the ranks: a loop over them would run O(n)
+    ops on each of n ranks (most of the rule's time at 1,024 simulated ranks)."""
+    keys, index = pairs[:, 0], pairs[:, 1]
+    if floating:
+        # -0's key sits just below +0's; torch compares them equal, so
+        # they tie and the index decides.
+        keys = torch.where(keys == -1, torch.zeros_like(keys), keys)
+    best = keys.amax(0) if how == "max" else keys.amin(0)
+    tied = keys == best
+    first = torch.where(tied, index, torch.iinfo(index.dtype).max).amin(0)
+    winner = (tied & (index == first)).to(torch.uint8).argmax(0)  # argmax: first rank
+    at = winner.reshape(1, 1, *winner.shape).expand(1, *pairs.shape[1:])
+    return pairs.gather(0, at).squeeze(0)
 
 
 RULES: dict = {
