@@ -13,6 +13,7 @@ import _thread
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 __all__ = ["on_wait", "turn"]
@@ -49,13 +50,30 @@ class _Waiter:
     lock per wait).
     """
 
-    __slots__ = ("granted", "parked", "wake")
+    __slots__ = ("clock", "granted", "parked", "wake")
 
     def __init__(self) -> None:
         self.wake = _thread.allocate_lock()
         self.wake.acquire()
         self.granted = False  # handed the turn, not yet noticed
         self.parked = False  # waits for other ranks (a collective, a task), not for the turn
+        self.clock = _cpu_clock()  # this thread's CPU clock, where the platform has one
+
+    def cpu(self) -> float | None:
+        """CPU seconds this thread has run, or None where unknown."""
+        if self.clock is None:
+            return None
+        try:
+            return time.clock_gettime(self.clock)
+        except OSError:
+            return None
+
+
+def _cpu_clock() -> int | None:
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):  # not a POSIX platform with per-thread clocks
+        return None
 
 
 class _Turn:
@@ -76,9 +94,10 @@ class _Turn:
     would cost several thread switches per rank and collective.
 
     A thread first in line that waits ``_TURN_WAIT_S`` while no thread gets
-    the turn runs without it: a wait this module does not know of (a store
-    read inside torch) costs that long at worst, never a hang. ``missed``
-    counts them. Threads further back check only every ``_LINE_POLL_S``:
+    the turn, and the holder's thread did not run meanwhile, runs without
+    it: a wait this module does not know of (a store read inside torch)
+    costs that long at worst, never a hang. ``missed`` counts them. A holder
+    that runs keeps the turn (up to ``_BUSY_MAX_S`` without a hand-over). Threads further back check only every ``_LINE_POLL_S``:
     a long line polling often (1,024 ranks) would starve the holder of the
     GIL, so that no thread would see a hand-off and all would run without
     the turn.
@@ -160,8 +179,11 @@ class _Turn:
         self._await(w, released)
 
     def _await(self, w: _Waiter, released: Callable[[], bool] | None) -> None:
+        busy_since = None
         while True:
             seen = self.handoffs
+            holder = self._holder
+            spent = None if holder is None else holder.cpu()
             if w.parked:
                 w.wake.acquire(True, _PARKED_POLL_S)
             else:  # NOTE: read without the lock; a stale answer costs one poll
@@ -177,13 +199,28 @@ class _Turn:
                         w.parked = False
                         return
                     continue
-                if self.handoffs == seen:  # nobody got the turn meanwhile: stuck
+                if self.handoffs == seen:  # nobody got the turn meanwhile
+                    # A holder that ran meanwhile is working, not waiting for
+                    # a rank: a long step (building a big cached table, an
+                    # import) would otherwise let the line run beside it, each
+                    # repeating the step while fighting over the GIL (minutes
+                    # at 1,024 ranks). Only a holder that stood still, or one
+                    # busy past _BUSY_MAX_S (a spin on something only another
+                    # rank does), lets this thread run without the turn.
+                    now = None if spent is None else holder.cpu()
+                    if now is not None and now - spent > _RAN_S and holder is self._holder:
+                        busy_since = busy_since or time.monotonic()
+                        if time.monotonic() - busy_since < _BUSY_MAX_S:
+                            continue
                     self._line.remove(w)
                     self.missed += 1
                     return
+                busy_since = None
 
 
 _TURN_WAIT_S = 0.05
+_RAN_S = 0.002  # CPU time the holder must have run in one wait to count as working
+_BUSY_MAX_S = 30.0  # a holder working this long without a hand-over gets company
 _LINE_POLL_S = 2.0  # behind the first in line: a safety net only
 _PARKED_POLL_S = 1.0  # a parked thread is woken by unpark; this is a safety net
 turn = _Turn()

@@ -228,6 +228,42 @@ def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
     assert turn.missed > before
 
 
+def test_a_rank_busy_in_a_long_step_keeps_the_turn() -> None:
+    """A rank that computes for much longer than the turn's wait (building a
+    big cached table on first use) is working, not waiting for another rank:
+    the ranks in line keep waiting, so none runs the step beside it."""
+    import threading
+    import time
+
+    from launch.sim.turn import _PARKED_POLL_S, _TURN_WAIT_S, turn
+
+    lock = threading.Lock()
+    inside, most = [0], [0]
+
+    def body(rank: int) -> int:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        # Past a waiting rank's longest poll, then past its wait for the turn.
+        end = time.thread_time() + _PARKED_POLL_S + 4 * _TURN_WAIT_S
+        while time.thread_time() < end:  # CPU work, no wait
+            pass
+        with lock:
+            inside[0] -= 1
+        return rank
+
+    w = SimWorld(2)
+    before = turn.missed
+    try:
+        outs = _run(w, body, timeout=60)
+    finally:
+        with entered():
+            w.close()
+    assert [o.value for o in outs] == [0, 1], [o.error for o in outs]
+    assert most[0] == 1, f"{most[0]} ranks ran the step at once"
+    assert turn.missed == before
+
+
 def test_a_failure_after_a_collective_leaves_the_others_its_result() -> None:
     """The last rank into a collective moves the data and goes on; if it then
     fails (releasing the world), the ranks still waiting for their turn get
