@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +44,22 @@ def _rank() -> int:
 
 def reference_coordinate(grid: torch.Tensor, rank: int) -> tuple[int, ...] | None:
     """``rank``'s position in the rank tensor ``grid``; None when absent."""
-    hit = (grid == rank).nonzero().tolist()
-    return tuple(hit[0]) if hit else None
+    # A rank checks many tensors on one mesh, whose rank tensor lives as long
+    # as the mesh: the search (~17 us, a rank of a simulated world asks it for
+    # every block it checks) runs once per rank tensor, again if it changed.
+    key = (id(grid), rank)
+    hit = _COORDINATES.get(key)
+    if hit is not None and hit[0]() is grid and hit[1] == grid._version:
+        return hit[2]
+    found = (grid == rank).nonzero().tolist()
+    coord = tuple(found[0]) if found else None
+    if len(_COORDINATES) >= 4096:
+        _COORDINATES.clear()
+    _COORDINATES[key] = (weakref.ref(grid), grid._version, coord)
+    return coord
+
+
+_COORDINATES: dict = {}  # (id(rank tensor), rank) -> (its weakref, its version, coordinate)
 
 
 def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],

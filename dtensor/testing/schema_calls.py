@@ -196,9 +196,17 @@ def _probe(func) -> SampleCall | None:
 
 
 def example_tensors(call: SampleCall) -> list[torch.Tensor]:
-    """Plain operands for ``call``: distinct values (arange), indices in range."""
+    """Plain operands for ``call``: distinct values (arange), indices in range
+    (fresh tensors: the caller may write into them)."""
+    # Clones of kept ones: every rank of a simulated world asks for the same
+    # operands, and a clone costs a fraction of building them again.
+    return [t.clone() for t in _examples(call.shapes, call.dtypes)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _examples(shapes, dtypes) -> tuple[torch.Tensor, ...]:
     out = []
-    for shape, dt in zip(call.shapes, call.dtypes, strict=True):
+    for shape, dt in zip(shapes, dtypes, strict=True):
         n = 1
         for s in shape:
             n *= s
@@ -208,7 +216,7 @@ def example_tensors(call: SampleCall) -> list[torch.Tensor]:
             out.append((torch.arange(n) % 3 == 0).reshape(shape))
         else:
             out.append((torch.arange(n, dtype=torch.float32) + 1).reshape(shape) / 4)
-    return out
+    return tuple(out)
 
 
 @functools.cache
