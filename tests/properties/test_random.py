@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from _random_cases import (Case, as_ours, assert_same_bits, bits_of, check_outputs,
                            draw_case, gather_outputs, generator_state, op_kwargs, reference,
-                           run_case, seed_generator)
+                           run_case, seed_generator, world_blocks)
 from _random_ops import FACTORY, INPLACE, OPS, ops_for, random_span
 from dtensor.testing import (
     assert_local_is_empty,
@@ -116,53 +116,68 @@ def test_replicas_agree_and_shards_differ(n_ranks, world, impl, data):
     below 2**-64). The local blocks are exchanged over the test's group."""
     import torch.distributed as dist
 
-    from dtensor.spec import local_block
-
     shape = data.draw(tensor_shapes(min_dims=1, max_side=12), label="shape")
     case = draw_case(data, impl, world.size, shape=shape, allow_partial=False)
     mesh = impl.mesh(case.layout)
     seed_generator(impl, case.seed)
     out = run_case(case, impl, mesh)[0]
     # Every rank's block in the output's layout (dropout may pick another
-    # one), None outside; then every rank's local bits, padded (all_gather_object
-    # needs numpy, so plain all_gather of int64).
+    # one), None outside; then every rank's local bits, padded with zeros to
+    # the widest block, in one all_gather of int64.
     ps = as_ours(out.placements)
-    blocks = []
-    for r in range(world.size):
-        coord = case.layout.coordinate_of(r)
-        blocks.append(None if coord is None else local_block(
-            case.shape, case.layout.shape, ps, coord))
+    blocks = world_blocks(case.shape, case.layout, ps, world.size)
     width = max(1, *(math.prod(b[0]) for b in blocks if b is not None))
     mine = bits_of(out.to_local().detach()).flatten().to(torch.int64)
     sent = torch.zeros(width, dtype=torch.int64)
     sent[: min(width, mine.numel())] = mine[:width]
-    recv = [torch.empty(width, dtype=torch.int64) for _ in range(world.size)]
-    dist.all_gather(recv, sent, group=world.group)
+    recv = torch.empty(world.size * width, dtype=torch.int64)
+    dist.all_gather_into_tensor(recv, sent, group=world.group)
+    recv = recv.view(world.size, width)
     assert mine.numel() == (0 if blocks[world.rank] is None
                             else math.prod(blocks[world.rank][0])), (
         f"rank {world.rank} holds {mine.numel()} elements, its block is "
         f"{blocks[world.rank]}")
+    _assert_replicas_agree_and_shards_differ(case, ps, blocks, recv)
+
+
+def _assert_replicas_agree_and_shards_differ(case, ps, blocks, recv) -> None:
+    """Each rank holds its block's first holder's bits, and blocks of one
+    shape that differ hold different bits (checked when a collision has a
+    chance below 2**-64). Rows of ``recv`` are the ranks' bits, zero-padded:
+    two blocks of one shape pad alike, so whole rows compare. Whole-table ops,
+    not a loop over ranks: each rank runs this (n ops per rank is quadratic
+    in a simulated world)."""
     bits = case.op.bits(case.dtype, case.kw)
-    # One pass, not every pair (n^2 per rank: minutes at 256 simulated ranks):
-    # each rank against its block's first holder, and each block's bits
-    # against the bits of the other blocks of its shape seen so far.
-    holder, seen = {}, {}
-    for r, blk_r in enumerate(blocks):
-        if blk_r is None:
+    holder: dict = {}
+    members, first_of, firsts = [], [], {}
+    for r, blk in enumerate(blocks):
+        if blk is None:
             continue
-        n = math.prod(blk_r[0])
-        loc_r = recv[r][:n]
-        s = holder.setdefault(blk_r, r)
-        if s != r:
-            assert torch.equal(loc_r, recv[s][:n]), (
-                f"{_where(case, ps)}: ranks {s} and {r} hold block {blk_r} (shape, "
-                "offset) with different bits")
-        elif n * bits >= 64:
-            s, blk_s = seen.setdefault((blk_r[0], loc_r.numpy().tobytes()), (r, blk_r))
+        s = holder.setdefault(blk, r)
+        members.append(r)
+        first_of.append(s)
+        if s == r and math.prod(blk[0]) * bits >= 64:
+            firsts.setdefault(blk[0], []).append(r)
+    rows = torch.tensor(members)
+    same = (recv[rows] == recv[torch.tensor(first_of)]).all(1)
+    if not bool(same.all()):
+        i = int((~same).nonzero()[0])
+        raise AssertionError(
+            f"{_where(case, ps)}: ranks {first_of[i]} and {members[i]} hold block "
+            f"{blocks[members[i]]} (shape, offset) with different bits")
+    for ranks in firsts.values():
+        if len(ranks) < 2:
+            continue
+        table = recv[torch.tensor(ranks)]
+        if torch.unique(table, dim=0).shape[0] == len(ranks):
+            continue
+        seen: dict = {}
+        for r, row in zip(ranks, table, strict=True):
+            s = seen.setdefault(row.numpy().tobytes(), r)
             assert s == r, (
-                f"{_where(case, ps)}: ranks {s} and {r} hold different blocks {blk_s} and "
-                f"{blk_r} (shape, offset) with the same values: shards are copies of "
-                "each other")
+                f"{_where(case, ps)}: ranks {s} and {r} hold different blocks {blocks[s]} "
+                f"and {blocks[r]} (shape, offset) with the same values: shards are copies "
+                "of each other")
 
 
 def _where(case, ps) -> str:
