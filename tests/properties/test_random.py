@@ -131,7 +131,8 @@ def test_replicas_agree_and_shards_differ(n_ranks, world, impl, data):
     sent = torch.zeros(width, dtype=torch.int64)
     sent[: min(width, mine.numel())] = mine[:width]
     recv = torch.empty(world.size * width, dtype=torch.int64)
-    dist.all_gather_into_tensor(recv, sent, group=world.group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(recv, sent, group=world.group)  # torch 2.13's name for all_gather_into_tensor
     recv = recv.view(world.size, width)
     assert mine.numel() == (0 if blocks[world.rank] is None
                             else math.prod(blocks[world.rank][0])), (
