@@ -217,13 +217,8 @@ def test_a_rank_stuck_in_an_unknown_wait_gets_help_without_the_turn() -> None:
             raise AssertionError(f"rank {1 - rank} never ran while rank {rank} waited")
         return rank
 
-    w = SimWorld(2)
     before = turn.missed
-    try:
-        outs = _run(w, body, timeout=60)
-    finally:
-        with entered():
-            w.close()
+    outs = _run_in_new_world(2, body, timeout=60)
     assert [o.value for o in outs] == [0, 1], [o.error for o in outs]
     assert turn.missed > before
 
@@ -252,13 +247,8 @@ def test_a_rank_busy_in_a_long_step_keeps_the_turn() -> None:
             inside[0] -= 1
         return rank
 
-    w = SimWorld(2)
     before = turn.missed
-    try:
-        outs = _run(w, body, timeout=60)
-    finally:
-        with entered():
-            w.close()
+    outs = _run_in_new_world(2, body, timeout=60)
     assert [o.value for o in outs] == [0, 1], [o.error for o in outs]
     assert most[0] == 1, f"{most[0]} ranks ran the step at once"
     assert turn.missed == before
