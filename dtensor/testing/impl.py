@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from dtensor.placement import Partial, Placement, Shard, StridedShard
 from dtensor.spec import local_block
 from dtensor.strided import block_runs, has_strided
 
-__all__ = ["IMPLS", "Impl", "exact_split", "get_impl", "partial_piece"]
+__all__ = ["IMPLS", "Impl", "exact_split", "get_impl", "once_per_value", "partial_piece"]
 
 IMPLS = ("dtensor", "torch")
 
@@ -182,26 +182,47 @@ def _by_content(what: str, x: torch.Tensor, fn):
     Every rank of a simulated world asks these of its own copy of the same
     global tensor: ~40-60 us of ops each, n times per operand. Keyed by the
     bytes themselves (~4 us), a rank reuses the answer another rank computed
-    for equal contents, so a copy written in place only misses. A process of
-    one rank, a big tensor or another device computes directly.
+    for equal contents, so a copy written in place only misses.
     """
-    if (type(x) is not torch.Tensor or not x.is_cpu or x.numel() > _CONTENT_LIMIT
-            or x.requires_grad or not is_sim_rank()):
-        return fn(x)
-    try:
-        data = x.numpy().tobytes()
-    except (TypeError, RuntimeError):  # bfloat16; a conjugate or negative view
-        return fn(x)
-    key = (what, x.dtype, x.shape, data)
+    return once_per_value(what, (x,), lambda: fn(x))
+
+
+def once_per_value(what: Any, tensors: Sequence[torch.Tensor], fn: Callable[[], Any]) -> Any:
+    """``fn()``, computed once per (``what``, contents of ``tensors``) in a
+    simulated world; called directly anywhere else.
+
+    The ranks of a simulated world are threads of one process, each holding
+    its own copy of the same drawn values, and each would compute the same
+    single-device reference. ``fn`` must depend only on ``what`` (hashable:
+    the op, the non-tensor arguments) and the tensors' values, and must not
+    draw random numbers: a rank that skips it would leave its generator out
+    of step. Every rank gets the one answer, so callers only read it. A
+    tensor that is large, on another device or needs grad: computed directly.
+
+    Example:
+        >>> expected = once_per_value(("mul", 2), (x,), lambda: x * 2)
+    """
+    if not is_sim_rank():
+        return fn()
+    parts = []
+    for x in tensors:
+        if (type(x) is not torch.Tensor or not x.is_cpu or x.numel() > _CONTENT_LIMIT
+                or x.requires_grad):
+            return fn()
+        try:
+            parts.append((x.dtype, x.shape, x.numpy().tobytes()))
+        except (TypeError, RuntimeError):  # bfloat16; a conjugate or negative view
+            return fn()
+    key = (what, *parts)
     hit = _CONTENT.get(key, _CONTENT)
     if hit is _CONTENT:
         if len(_CONTENT) >= 1024:
             _CONTENT.clear()
-        hit = _CONTENT[key] = fn(x)
+        hit = _CONTENT[key] = fn()
     return hit
 
 
-_CONTENT: dict = {}  # (what, dtype, shape, bytes) -> answer: _by_content
+_CONTENT: dict = {}  # (what, (dtype, shape, bytes) per tensor) -> answer: once_per_value
 _CONTENT_LIMIT = 4096  # elements: larger tensors are few, and their keys cost more
 
 

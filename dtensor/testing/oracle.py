@@ -12,8 +12,9 @@ reference. The oracle derives everything independently, on each rank:
   piece: empty), so nested and uneven sharding follow PyTorch's convention;
 - the offset: the first global index of the block on every non-empty dim,
   checked against the runtime's ``spec.local_block`` where it has one;
-- the values: the expected global tensor gathered at those indices
-  (``index_select``), not sliced with the runtime's offsets.
+- the values: the expected global tensor read at those indices (``narrow``
+  where they are consecutive, ``index_select`` where a strided shard
+  interleaves them), not sliced with the runtime's offsets.
 
 It issues no collectives, so it never hangs a world whose ranks disagree;
 call it on every rank (each checks its own block). It works on dtensor's and
@@ -71,7 +72,20 @@ def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
     ``coordinate[axis]`` of ``torch.chunk(indices[d], mesh_shape[axis])``
     (``torch.chunk`` may return fewer pieces: the missing ones are empty).
     """
-    idx = [torch.arange(n) for n in global_shape]
+    return [torch.arange(i.start, i.stop) if isinstance(i, range)
+            else torch.tensor(i, dtype=torch.long)
+            for i in _block_indices(global_shape, mesh_shape, placements, coordinate)]
+
+
+def _block_indices(global_shape: Sequence[int], mesh_shape: Sequence[int],
+                   placements: Sequence[Any], coordinate: Sequence[int]
+                   ) -> list[range | list[int]]:
+    """``reference_block`` as Python sequences: a ``range`` where the block's
+    indices on that dim are consecutive (every ``Shard``), a list where a
+    strided shard interleaves them. The oracle runs on every rank for every
+    block it checks; ranges cost no tensor ops and let the values be read
+    with ``narrow``."""
+    idx: list[range | list[int]] = [range(n) for n in global_shape]
     for axis, p in enumerate(placements):
         kind = type(p).__name__
         if kind not in ("Shard", "StridedShard", "_StridedShard"):
@@ -83,17 +97,17 @@ def reference_block(global_shape: Sequence[int], mesh_shape: Sequence[int],
         else:  # sub-piece c of each of split_factor chunks, concatenated
             chunks = [_piece(idx[d], int(p.split_factor), j)
                       for j in range(int(p.split_factor))]
-            idx[d] = torch.cat([_piece(part, n, c) for part in chunks])
+            idx[d] = [i for part in chunks for i in _piece(part, n, c)]
     return idx
 
 
-def _piece(idx: torch.Tensor, n: int, c: int) -> torch.Tensor:
+def _piece(idx: range | list[int], n: int, c: int) -> range | list[int]:
     """Piece ``c`` of ``torch.chunk(idx, n)``; empty where chunk has none.
 
     ``torch.chunk`` cuts pieces of ``ceil(len / n)`` and drops the empty
     tail; slicing piece ``c`` directly keeps this O(1) per rank (building
     all ``n`` pieces on each of ``n`` ranks is quadratic at 1024 ranks)."""
-    size = -(-idx.numel() // n)
+    size = -(-len(idx) // n)
     return idx[c * size:(c + 1) * size] if size else idx[:0]
 
 
@@ -163,9 +177,9 @@ def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float 
                 f"{prefix}rank {_rank()} is outside {mesh} and must hold an empty "
                 f"{dt.dtype} local tensor, got {tuple(local.shape)} {local.dtype}")
         return
-    idx = reference_block(gshape, tuple(mesh.shape), placements, coord)
-    shape = tuple(int(i.numel()) for i in idx)
-    offset = tuple(int(i[0]) if i.numel() else 0 for i in idx)
+    idx = _block_indices(gshape, tuple(mesh.shape), placements, coord)
+    shape = tuple(len(i) for i in idx)
+    offset = tuple(i[0] if len(i) else 0 for i in idx)
     where = (f"{prefix}rank {_rank()} (mesh coordinate {coord} of {tuple(mesh.shape)}, "
              f"placements {_pstr(placements)}, global shape {list(gshape)}) holding global["
              + ", ".join(f"{o}:{o + s}" for o, s in zip(offset, shape, strict=True)) + "]")
@@ -178,7 +192,7 @@ def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float 
 
         runs = block_runs(gshape, tuple(mesh.shape), placements, coord)
         got = [[g for s, n in r for g in range(s, s + n)] for r in runs]
-        if tuple(spec.local_shape(coord)) != shape or got != [i.tolist() for i in idx]:
+        if tuple(spec.local_shape(coord)) != shape or got != [list(i) for i in idx]:
             raise AssertionError(f"{where}: the runtime's layout math says rows {runs}, "
                                  f"shape {spec.local_shape(coord)}")
     elif spec is not None and hasattr(spec, "local_block"):
@@ -191,5 +205,9 @@ def assert_layout(dt: Any, expected: torch.Tensor | None = None, *, rtol: float 
         return
     block = expected.detach()
     for d, i in enumerate(idx):
-        block = block.index_select(d, i)
+        if isinstance(i, range):  # consecutive indices: the same values, no copy
+            if len(i) != block.shape[d]:
+                block = block.narrow(d, i.start, len(i))
+        else:
+            block = block.index_select(d, torch.tensor(i, dtype=torch.long))
     compare_block(local, block, offset, where, "", rtol, atol, equal_nan)

@@ -17,12 +17,13 @@ from typing import NamedTuple
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtensor.placement import REDUCE_OPS, Partial, Replicate
 from dtensor.testing import assert_matches_single_device, mesh_layouts, placements, tensors
-from dtensor.testing.impl import exact_split
+from dtensor.testing.impl import exact_split, once_per_value
 from dtensor.testing.strategies import tensor_shapes
 
 
@@ -173,16 +174,29 @@ def _check_case(data, impl, layout, case, members, dtype, other_partial=None):
         dcols = [dlist(col) for col in cols]
         plain_other, d_other = (plain[0], dcols[0]) if n == 1 else (plain, dcols)
     dxs = dlist(members)
-    ref_xs = [x.clone() for x in xs]
-    expected = case.fn(ref_xs, plain_other)
+    expected = _reference(case, xs, plain_other)
     out = case.fn(dxs, d_other)
     where = (f"{case.name} on {[(tuple(x.shape), [str(q) for q in ps]) for x, ps in members]}"
              f" over {layout}")
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
-    if expected is None:  # in place: the inputs hold the results
-        expected, out = ref_xs, dxs
+    if out is None:  # in place: the inputs hold the results
+        out = dxs
     for i, (o, e) in enumerate(zip(out, expected, strict=True)):
         assert_matches_single_device(o, e, **tol, msg=f"{where}: member {i}")
+
+
+def _reference(case, xs, other):
+    """``case`` on one device: its results, or (in place) the written copies."""
+
+    def run():
+        ref_xs = [x.clone() for x in xs]
+        out = case.fn(ref_xs, other)
+        return ref_xs if out is None else out
+
+    leaves = pytree.tree_leaves(other)
+    tensors = [*xs, *(v for v in leaves if isinstance(v, torch.Tensor))]
+    scalars = tuple(v for v in leaves if not isinstance(v, torch.Tensor))
+    return once_per_value((case.name, len(xs), scalars), tensors, run)
 
 
 @pytest.mark.world_size(2)
