@@ -294,13 +294,19 @@ def _torch_strided(p: StridedShard):
     return _StridedShard(p.dim, split_factor=p.split_factor)
 
 
-@functools.lru_cache(maxsize=256)
+# Sized for every rank of a 1,024-rank simulated world and a few layouts:
+# one entry per (layout, rank), and an entry evicted before its rank asks
+# again rebuilds the mesh (O(ranks) checks) on every rank, in every example.
+_MESHES_KEPT = 4096
+
+
+@functools.lru_cache(maxsize=_MESHES_KEPT)
 def _mesh(name: str, layout, world: str) -> Any:
     impl = get_impl(name)
     return impl.DeviceMesh("cpu", layout.grid())
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=_MESHES_KEPT)
 def _named_mesh(name: str, layout, names: tuple, world: str) -> Any:
     impl = get_impl(name)
     return impl.DeviceMesh("cpu", layout.grid(), mesh_dim_names=names)
