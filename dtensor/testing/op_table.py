@@ -147,6 +147,10 @@ TABLE: tuple[OpCase, ...] = (
     OpCase("mean_dim0", "reduction", lambda x: x.mean(0), _one(1), _FLOAT, _A),
     OpCase("amax_dim0", "reduction", lambda x: x.amax(0), _one(1), _NUMERIC, _A),
     OpCase("amin_last", "reduction", lambda x: x.amin(-1), _one(1), _NUMERIC, _A),
+    # Values with an index: a tie between ranks along a sharded dim must go
+    # to the first index, as on one device (the small and int fills tie often).
+    OpCase("max_dim0_indices", "reduction", lambda x: x.max(0).indices, _one(1), _NUMERIC, _A),
+    OpCase("argmin_last", "reduction", lambda x: x.argmin(-1), _one(1), _NUMERIC, _A),
     OpCase("any", "reduction", lambda x: x.any(), _one(), DTYPES, _A),
     _row("sum0", "reduction", lambda a: a.sum(0), _A),
     _row("sum_dims", "reduction", lambda a: a.sum((0, 2)), ((3, 4, 5),)),
