@@ -193,8 +193,10 @@ def once_per_value(what: Any, tensors: Sequence[torch.Tensor], fn: Callable[[], 
 
     The ranks of a simulated world are threads of one process, each holding
     its own copy of the same drawn values, and each would compute the same
-    single-device reference. ``fn`` must depend only on ``what`` (hashable:
-    the op, the non-tensor arguments) and the tensors' values, and must not
+    single-device reference. ``fn`` must depend only on ``what`` (hashable
+    values naming the op and the non-tensor arguments; never an ``id()``:
+    each rank holds its own copy of a drawn object, and a freed copy's id
+    comes back as another object's) and the tensors' values, and must not
     draw random numbers: a rank that skips it would leave its generator out
     of step. Every rank gets the one answer, so callers only read it. A
     tensor that is large, on another device or needs grad: computed directly.

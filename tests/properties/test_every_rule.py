@@ -63,7 +63,10 @@ def _reference(func, call, plain):
 
     if torch.Tag.nondeterministic_seeded in func.tags:
         return run()  # every rank draws, so its generator stays in step
-    return once_per_value(("schema call", id(call)), plain, run)
+    # By value, not id(call): a simulated rank draws its own copy of the call,
+    # and a freed copy's id can come back as another call's.
+    key = ("schema call", str(func), call.slots, repr(call.args), tuple(sorted(call.kwarg_names)))
+    return once_per_value(key, plain, run)
 
 
 def _compare(func, call, plain, dts, what):
