@@ -83,3 +83,15 @@ def test_exact_split_answers_by_content_on_every_rank() -> None:
         return exact_split(whole), exact_split(whole / 4), exact_split(whole + 100)
 
     assert _on_ranks(4, body) == [(True, False, False)] * 4
+
+
+def test_an_unhashable_key_is_named_on_every_rank() -> None:
+    def body(rank: int):
+        try:
+            once_per_value(("mul", [2]), (torch.ones(2),), lambda: None)
+        except TypeError as e:
+            return str(e)
+        return "no error"
+
+    msgs = _on_ranks(4, body)
+    assert all("must be hashable" in m and "('mul', [2])" in m for m in msgs), msgs

@@ -216,7 +216,13 @@ def once_per_value(what: Any, tensors: Sequence[torch.Tensor], fn: Callable[[], 
         except (TypeError, RuntimeError):  # bfloat16; a conjugate or negative view
             return fn()
     key = (what, *parts)
-    hit = _CONTENT.get(key, _CONTENT)
+    try:
+        hit = _CONTENT.get(key, _CONTENT)
+    except TypeError:
+        raise TypeError(
+            f"once_per_value: `what` must be hashable values naming the op and its "
+            f"non-tensor arguments (a tuple of str/int/float), got {what!r}; "
+            f"pass repr() of a list or dict") from None
     if hit is _CONTENT:
         if len(_CONTENT) >= 1024:
             _CONTENT.clear()
