@@ -60,7 +60,12 @@ class Sharding:
     math that spares dispatch running the op on meta tensors for a new shape;
     they apply to contiguous operands only, unless ``any_strides``: the op
     makes fresh contiguous outputs whatever its operands' strides (products:
-    ``linear`` hands ``addmm`` a transposed weight).
+    ``linear`` hands ``addmm`` a transposed weight). ``settled``, if given,
+    are the placements the outputs are returned with (one tuple per output,
+    like ``outputs``): each output is computed in its ``outputs`` layout,
+    then redistributed to it. A reduction of ``Partial("avg")`` pieces uses
+    it to reduce its small output once rather than hand on pieces that every
+    later whole read would reduce again.
     """
 
     inputs: tuple[tuple[Placement, ...] | None, ...]
@@ -69,6 +74,7 @@ class Sharding:
     local: Any = None
     shapes: tuple[tuple[int, ...], ...] | None = None
     any_strides: bool = False
+    settled: tuple[tuple[Placement, ...], ...] | None = None
 
 
 def writes_self(func) -> bool:

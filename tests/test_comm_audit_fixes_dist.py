@@ -60,6 +60,8 @@ def _make(lib, mesh, layout: str, pieces: list[torch.Tensor], rank: int):
 def _global(layout: str, pieces: list[torch.Tensor]) -> torch.Tensor:
     if layout == "Psum":
         return pieces[0] + pieces[1]
+    if layout == "Pavg":
+        return (pieces[0] + pieces[1]) / 2
     if layout in ("Pmax", "Pmin"):
         return (torch.maximum if layout == "Pmax" else torch.minimum)(*pieces)
     return pieces[0]
@@ -99,6 +101,15 @@ def test_rsub_of_partial_sums_stays_partial(world) -> None:
     a, b = _pieces((3, 4), 1), _pieces((3, 4), 2)
     _check_no_more_than_torch(world, lambda x, y: torch.rsub(x, y, alpha=2),
                               [("Psum", a), ("Psum", b)])
+
+
+@pytest.mark.world_size(2)
+def test_cov_reduces_the_sum_of_average_weights_once(world) -> None:
+    # cov reads its weights' sum four times; pieces kept by the sum would be
+    # reduced by each of those reads
+    x, w = _pieces((3, 2), 5, 1), [p.abs() + 0.5 for p in _pieces((2,), 6)]
+    _check_no_more_than_torch(world, lambda a, b: torch.cov(a, correction=0, aweights=b),
+                              [("R", x), ("Pavg", w)])
 
 
 @pytest.mark.world_size(2)

@@ -168,6 +168,23 @@ def test_ranks_outside_a_sub_mesh_get_empty_results_and_members_the_full_ones() 
     assert _rule_calls == {(Shard(0),): 1}, _rule_calls
 
 
+def test_an_output_its_rule_settles_is_settled_on_every_rank() -> None:
+    # Pieces of an average differ by rank (twice the value on even ranks,
+    # zero on odd ones); a sum of them is returned whole (Sharding.settled),
+    # also on the ranks that reuse another rank's plan.
+    x, _ = _inputs()
+
+    def body(rank: int):
+        mesh = DeviceMesh("cpu", torch.arange(N))
+        piece = x * (2.0 if rank % 2 == 0 else 0.0)
+        s = dtensor.DTensor.from_local(piece, mesh, [dtensor.Partial("avg")]).sum(0)
+        return s.placements, s.to_local()
+
+    for rank, (placements, local) in enumerate(_in_world(N, body)):
+        assert placements == (Replicate(),), (rank, placements)
+        torch.testing.assert_close(local, x.sum(0), msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
 def test_forgetting_drops_the_shared_plans_with_the_call_table() -> None:
     x, _ = _inputs()
     _rule_calls.clear()

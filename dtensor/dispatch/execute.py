@@ -46,6 +46,8 @@ def run(call: Call, plan: Plan, info: OpInfo):
         out = plan.local(func, coord, plan.out_specs, largs, lkwargs)
     else:
         out = func(*largs, **lkwargs)
+    if plan.computed is not None:
+        out = _settle(out, plan.computed, plan.out_specs)
 
     written = {}  # id(local written) -> the DTensor operand it stands for
     for j in plan.write_back:
@@ -76,6 +78,22 @@ def run(call: Call, plan: Plan, info: OpInfo):
         return self if self is not None else wrap(t, spec)
 
     return rewrap(out, one)
+
+
+def _settle(out, computed, settled):
+    """The op's local outputs moved from the layouts it computed them in to
+    the ones its rule settles them in (``Sharding.settled``)."""
+    if isinstance(out, torch.Tensor):
+        return redistribute_local(out, computed[0], settled[0])
+    specs = iter(zip(computed, settled, strict=True))
+
+    def one(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        src, dst = next(specs)
+        return redistribute_local(t, src, dst)
+
+    return type(out)(one(t) for t in out)
 
 
 def _keeps_reduced(o, target: DTensorSpec, local: torch.Tensor) -> bool:

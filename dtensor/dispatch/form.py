@@ -64,7 +64,8 @@ def fast_form(plan, info: OpInfo, args: tuple, kwargs: dict, mesh, out_specs=Non
     plan is implied.
     """
     if out_specs is None:
-        if plan.fallback or plan.write_back or plan.scalar_reduce is not None:
+        if (plan.fallback or plan.write_back or plan.scalar_reduce is not None
+                or plan.computed is not None):
             return None
         if any(t is not None for t in plan.targets):
             return _move_form(plan, info, args, kwargs, mesh)

@@ -43,6 +43,9 @@ class Plan:
     write_back: tuple[int, ...] = ()
     # How a later call with this key runs at once (``dtensor.dispatch.form.Fast``).
     fast: Any = None
+    # The outputs' specs as the op computes them, where the rule settles them
+    # into ``out_specs`` after the op (``Sharding.settled``); None: as computed.
+    computed: tuple[DTensorSpec, ...] | None = None
 
 
 def propagate(call: Call, info: OpInfo) -> Plan:
@@ -74,19 +77,38 @@ def propagate(call: Call, info: OpInfo) -> Plan:
         None if want is None or tuple(want) == s.placements else s.with_placements(want)
         for s, want in zip(specs, wants, strict=True)
     )
-    out_specs = ()
+    out_specs = computed = ()
     if sharding.outputs:
-        out_specs = _output_specs(call, info, asked, sharding)
+        out_specs = computed = _output_specs(call, info, asked, sharding)
         if out_specs is None:
             return _fallback(call, info, specs)
         if info.guard and sharding.local is None:
             in_specs = tuple(s if t is None else t
                              for s, t in zip(specs, targets, strict=True))
             check_outputs(call, rule, in_specs, out_specs)
+        if sharding.settled is not None:
+            out_specs = _settled_specs(call, rule, computed, sharding.settled)
     return Plan(
         targets, out_specs, False, sharding.scalar_reduce, sharding.local,
-        _written(call, targets),
+        _written(call, targets), computed=computed if out_specs is not computed else None,
     )
+
+
+def _settled_specs(call: Call, rule, computed, settled):
+    """The specs of ``Sharding.settled``: the computed outputs' metadata in
+    the settled placements (None where nothing moves)."""
+    if len(settled) == 1 and len(computed) > 1:  # one tuple for a list of outputs
+        settled = settled * len(computed)
+    if len(settled) != len(computed) or any(
+            len(p) != s.mesh.ndim for p, s in zip(settled, computed, strict=False)):
+        raise RuleOutputError(
+            f"{call.func}: the sharding rule {rule_name(rule)} gave settled placements "
+            f"{list(settled)} for {len(computed)} outputs on a {computed[0].mesh.ndim}-axis "
+            f"mesh; give one tuple of one placement per mesh axis for each output"
+        )
+    if all(tuple(p) == s.placements for p, s in zip(settled, computed, strict=True)):
+        return computed
+    return tuple(s.with_placements(tuple(p)) for p, s in zip(settled, computed, strict=True))
 
 
 def _fallback(call: Call, info: OpInfo, specs) -> Plan:

@@ -64,20 +64,22 @@ def shared_plan(skey: tuple, mesh) -> Plan | None:
     src, plan = hit
     # NOTE: a new Plan even for the same mesh: the kept one carries its
     # maker's fast form, which the caller builds anew.
-    targets, out_specs = plan.targets, plan.out_specs
+    targets, out_specs, computed = plan.targets, plan.out_specs, plan.computed
     if mesh is not src:
         targets = tuple(None if t is None else DTensorSpec(mesh, t.placements, t.tensor_meta)
                         for t in targets)
         out_specs = tuple(DTensorSpec(mesh, s.placements, s.tensor_meta) for s in out_specs)
+        if computed is not None:
+            computed = tuple(DTensorSpec(mesh, s.placements, s.tensor_meta) for s in computed)
     return Plan(targets, out_specs, plan.fallback, plan.scalar_reduce, plan.local,
-                plan.write_back)
+                plan.write_back, computed=computed)
 
 
 def share(skey: tuple, plan: Plan, mesh) -> None:
     """Keep ``plan``, just made for a call on ``mesh``, for the other ranks."""
     if mesh is None:
         return
-    for s in (*plan.targets, *plan.out_specs):
+    for s in (*plan.targets, *plan.out_specs, *(plan.computed or ())):
         if s is not None and s.mesh is not mesh and s.mesh != mesh:
             return  # a spec on another mesh: re-binding to one mesh would move it
     if len(SHARED) >= CACHE_LIMIT:

@@ -4,7 +4,9 @@ norms, var/std, any/all, logsumexp, and scans/sorts along one dim.
 Dims that are not reduced keep their shards, so a reduction over an
 unsharded dim never communicates. A sum over a sharded dim gives
 ``Partial(sum)``; a mean gives ``Partial(sum)`` of local sums divided by the
-global count (a mean of uneven local means would be wrong). A product over
+global count (a mean of uneven local means would be wrong). ``Partial(sum)``
+and ``Partial(avg)`` pieces pass a sum or mean; a sum of ``Partial(avg)``
+pieces reduces its result at once (``Sharding.settled``). A product over
 a sharded dim gives ``Partial(product)`` of local products (an empty piece
 holds 1, the identity); complex products keep gathering, as ``Partial``
 cannot multiply complex pieces. Everything else that reduces a sharded dim
@@ -71,7 +73,7 @@ def _reduction(kind: str, call):
     def out_dim(d: int) -> int:
         return d if keepdim else d - sum(1 for r in dims if r < d)
 
-    want, out = [], []
+    want, out, settled = [], [], []
     partial_sum = False
     for p in spec.placements:
         if isinstance(p, Shard) and p.dim not in dims:
@@ -87,6 +89,8 @@ def _reduction(kind: str, call):
         elif is_linear_partial(p) and kind in ("sum", "mean"):
             want.append(p)
             out.append(p)
+            if p.reduce_op == "avg" and kind == "sum":
+                settled.append((len(out) - 1, Replicate()))
         elif keep_product and isinstance(p, Partial) and p.reduce_op == "product":
             want.append(p)
             out.append(p)
@@ -103,7 +107,20 @@ def _reduction(kind: str, call):
     if kind == "mean" and partial_sum:
         count = math.prod(spec.shape[d] for d in dims) if ndim else 1
         local = _mean_as_sum(count)
-    return Sharding((tuple(want),), (tuple(out),) * n, local=local, shapes=(shape,) * n)
+    done = None
+    if settled:
+        # A sum of average pieces reduces its (smaller) result at once: PyTorch's
+        # DTensor reduces the operand here, so both hold the same layout after
+        # the op, and a result kept as pieces would be reduced again by every
+        # later op that reads it whole (``cov`` reads its weights' sum four
+        # times). A mean keeps them, as PyTorch's does: batch norm writes the
+        # mean into running statistics that stay pieces.
+        whole = list(out)
+        for axis, p in settled:
+            whole[axis] = p
+        done = (tuple(whole),) * n
+    return Sharding((tuple(want),), (tuple(out),) * n, local=local, shapes=(shape,) * n,
+                    settled=done)
 
 
 def _prod_dtype(dtype: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
