@@ -9,17 +9,9 @@ from __future__ import annotations
 # Ops where ours still sends more than PyTorch in some case, by reason
 # (docs/ops.md, "Communication audit"). ``tests/test_comm_audit.py`` fails
 # on an excess of an op listed nowhere here.
-_REREAD_PIECES = ("a small Partial value read by several ops: ours keeps sum() of "
-                  "Partial(avg) weights as pieces (fewer bytes per op), and each of the "
-                  "three ops that read it reduces it again (3 x 4 B), where PyTorch "
-                  "reduces the weights once before the sum; the bytes are equal (76 B), "
-                  "ours sends 2 collectives more. Reducing once needs a DTensor to keep "
-                  "its reduced value across ops; a cache tied to the block's version is "
-                  "unsafe (a rank writing its pieces in place would reduce again while "
-                  "the others read the cache: a hang), and no rule sees the later reads")
-_REASONS: dict[str, tuple[str, ...]] = {
-    _REREAD_PIECES: ("cov` sample 2 P(avg)",),
-}
+# None remain: every op case sends no more than PyTorch's DTensor. A new
+# excess is listed here as {reason: ("<op>` sample <i> <layout>", ...)}.
+_REASONS: dict[str, tuple[str, ...]] = {}
 EXCEPTIONS: dict[str, str] = {
     f"op `{name}": why for why, names in _REASONS.items() for name in names
 }
