@@ -63,9 +63,10 @@ class Sharding:
     ``linear`` hands ``addmm`` a transposed weight). ``settled``, if given,
     are the placements the outputs are returned with (one tuple per output,
     like ``outputs``): each output is computed in its ``outputs`` layout,
-    then redistributed to it. A reduction of ``Partial("avg")`` pieces uses
-    it to reduce its small output once rather than hand on pieces that every
-    later whole read would reduce again.
+    then redistributed to it (a ``local`` function gets the ``outputs``
+    specs). A sum of ``Partial("avg")`` pieces uses it to reduce its small
+    output once rather than hand on pieces that every later whole read would
+    reduce again.
     """
 
     inputs: tuple[tuple[Placement, ...] | None, ...]

@@ -18,10 +18,12 @@ from dtensor.dispatch.guard import RuleOutputError
 _lib = torch.library.Library("dtensor_settled_test", "DEF")
 _lib.define("colsum(Tensor x) -> Tensor")
 _lib.define("colsum_bad(Tensor x) -> Tensor")
-for _name in ("colsum", "colsum_bad"):
+_lib.define("colsum_local(Tensor x) -> Tensor")
+for _name in ("colsum", "colsum_bad", "colsum_local"):
     _lib.impl(_name, lambda x: x.sum(0), "CompositeExplicitAutograd")
 COLSUM = torch.ops.dtensor_settled_test.colsum.default
 COLSUM_BAD = torch.ops.dtensor_settled_test.colsum_bad.default
+COLSUM_LOCAL = torch.ops.dtensor_settled_test.colsum_local.default
 
 
 @register_rule(COLSUM)
@@ -31,6 +33,19 @@ def _colsum_rule(call):
         return None
     # local column sums are pieces of the global ones; hand them back whole
     return Sharding(inputs=(None,), outputs=((Partial(),),), settled=((Replicate(),),))
+
+
+def _local_colsum(func, coord, out_specs, args, kwargs):
+    # a local function computes the outputs in the layout before settling
+    if [s.placements for s in out_specs] != [(Partial(),)]:
+        raise AssertionError(f"local function got {out_specs}")
+    return args[0].sum(0)
+
+
+@register_rule(COLSUM_LOCAL)
+def _colsum_local_rule(call):
+    return Sharding(inputs=((Shard(0),),), outputs=((Partial(),),),
+                    settled=((Replicate(),),), local=_local_colsum)
 
 
 @register_rule(COLSUM_BAD)
@@ -50,6 +65,16 @@ def test_a_rule_settles_its_outputs_on_every_call(world) -> None:
         assert out.placements == (Replicate(),)
         torch.testing.assert_close(out.to_local(), full.sum(0))
         assert comm.get_total_counts() == 1, comm.get_comm_counts()
+
+
+@pytest.mark.world_size(2)
+def test_a_local_function_computes_the_outputs_before_they_settle(world) -> None:
+    mesh = DeviceMesh("cpu", list(range(world.size)))
+    full = torch.arange(21.0).reshape(7, 3)
+    for _ in range(2):
+        out = COLSUM_LOCAL(dtensor.distribute_tensor(full, mesh, [Replicate()]))
+        assert out.placements == (Replicate(),)
+        torch.testing.assert_close(out.to_local(), full.sum(0))
 
 
 @pytest.mark.world_size(2)

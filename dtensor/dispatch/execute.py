@@ -42,8 +42,9 @@ def run(call: Call, plan: Plan, info: OpInfo):
         locals_.append(local)
     largs, lkwargs = call.replace(locals_)
     func = call.func
-    if plan.local is not None:
-        out = plan.local(func, coord, plan.out_specs, largs, lkwargs)
+    if plan.local is not None:  # it computes the outputs as laid out before settling
+        specs = plan.out_specs if plan.computed is None else plan.computed
+        out = plan.local(func, coord, specs, largs, lkwargs)
     else:
         out = func(*largs, **lkwargs)
     if plan.computed is not None:
