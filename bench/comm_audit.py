@@ -173,7 +173,7 @@ def ours_op_counts(name: str, max_samples: int, max_layouts: int, rank: int) -> 
     from torch.utils._pytree import tree_flatten
 
     import dtensor
-    import opinfo_sweep as sweep
+    import _sweep_inputs as sweep
     from _comm_bytes import CommBytes
 
     ops = sweep._select(op_db, "")
