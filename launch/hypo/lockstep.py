@@ -42,7 +42,7 @@ from launch import hookspecs
 from launch.agree import LockstepDivergence, RankFailure
 from launch.hypo import engine
 from launch.hypo.db import WHERE
-from launch.hypo.run import LEFT, RUN_NPROC_ENV, _Run
+from launch.hypo.run import LEFT, RUN_NPROC_ENV, SETTINGS, _Run
 
 __all__ = ["RUN_NPROC_ENV", "ExampleInWorldError", "LockstepDivergence", "RankFailure"]
 
@@ -139,12 +139,44 @@ class _Test:
         last one (every run ends with an exchange of all ranks): fill this
         rank's keys there with ``LEFT`` so the waiter stops at once, naming
         this rank, instead of waiting out the lockstep timeout."""
-        mine = [f"0/{self.rank}"] + (["seed", WHERE, "db/0"] if self.rank == 0 else [])
+        mine = [f"0/{self.rank}", f"{SETTINGS}/{self.rank}"] + (
+            ["seed", WHERE, "db/0"] if self.rank == 0 else [])
         note = LEFT + json.dumps({"rank": self.rank, "runs": self.runs, "how": how})
         try:
             self.run_store(self.runs + 1).multi_set(mine, [note] * len(mine))
         except Exception:  # NOTE: the world may be gone; the watchdog reports that
             pass
+
+
+def _profile_now() -> tuple[str, Any] | None:
+    if "hypothesis" not in sys.modules:
+        return None
+    from hypothesis import settings
+
+    return settings.get_current_profile_name(), settings.default
+
+
+def _restore_profile(saved: tuple[str, Any] | None) -> tuple[str, Any] | None:
+    """Put back the Hypothesis profile the tests started with where a test
+    changed it, and return what is now loaded.
+
+    A test, or an import it makes, may load another profile for the rest of
+    the process: importing ``torch.testing._internal.common_utils`` loads
+    PyTorch's ``dev`` profile (10 examples, no database) and registers it
+    over a ``dev`` of the user's. Every later test would run with it, and in
+    a world where only some ranks ran that test (a sub-world), the ranks
+    would disagree on their settings.
+    """
+    if saved is None:
+        return _profile_now()
+    from hypothesis import settings
+
+    name, default = saved
+    if settings.default is default:
+        return saved
+    settings.register_profile(name, default)
+    settings.load_profile(name)
+    return name, settings.default
 
 
 def _start_run(test: Any, wrapped_test: Any, settings: Any, stuff: Any) -> _Run | None:
@@ -167,6 +199,15 @@ class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.calls: dict[str, int] = {}
+        self.profile: tuple[str, Any] | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.profile = _profile_now()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self.profile = _restore_profile(self.profile)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item):

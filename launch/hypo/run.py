@@ -24,6 +24,7 @@ __all__ = ["LockstepDivergence", "RankFailure"]
 
 RUN_NPROC_ENV = "LAUNCH_RUN_NPROC"  # ranks per node of the run (lockstep mode sets it)
 LEFT = "LEFT:"  # store value: the rank that should have set this key left the test
+SETTINGS = "settings"  # store keys SETTINGS/<rank>: each rank's settings of a run
 
 
 # One Hypothesis run in lockstep ---------------------------------------------------------
@@ -45,6 +46,36 @@ class _Run:
         self.settings = multi_process_settings(current, database=db)
         self.k = 0
         self.seed: int | None = None
+        self.agree_on_settings(current, wrapped_test)
+
+    def agree_on_settings(self, current: Any, wrapped_test: Any) -> None:
+        """Every rank starts this run with the settings that steer Hypothesis'
+        engine, or none does: ranks that differ would read the database or
+        stop at different points and wait for each other until the timeout
+        (an import of ``torch.testing._internal.common_utils`` on some ranks
+        only loads PyTorch's own profile there, without a database)."""
+        key = getattr(wrapped_test, "_hypothesis_internal_database_key", b"")
+        mine = (f"max_examples={current.max_examples}, phases="
+                f"{[p.name for p in current.phases]}, derandomize={current.derandomize}, "
+                f"database={'none' if current.database is None else 'set'}, "
+                f"database_key={'none' if key is None else 'set'}, "
+                f"backend={getattr(current, 'backend', 'hypothesis')}")
+        self.store.set(f"{SETTINGS}/{self.rank}", mine)
+        keys = [f"{SETTINGS}/{r}" for r in self.members]
+        got = dict(zip(self.members, (v.decode() for v in self.read(keys, "settings")),
+                       strict=True))
+        if len(set(got.values())) == 1:
+            return
+        by_value: dict[str, list[int]] = {}
+        for r, v in got.items():
+            by_value.setdefault(v, []).append(r)
+        lines = "\n".join(f"  rank(s) {span(rs)}: {v}" for v, rs in by_value.items())
+        raise LockstepDivergence(
+            f"hypothesis lockstep: {self.item.nodeid}: the ranks start {self.name} with "
+            f"different Hypothesis settings:\n{lines}\nEvery rank must run it with the "
+            "same settings: load the profile on every rank (a profile a test loads is "
+            "undone when the test ends), or pass settings to this run explicitly "
+            "(@settings, or find(..., settings=...)).")
 
     def shared_random(self, random: Any) -> Any:
         """Hypothesis' Random for this run, the same on every rank."""
