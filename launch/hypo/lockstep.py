@@ -148,35 +148,48 @@ class _Test:
             pass
 
 
-def _profile_now() -> tuple[str, Any] | None:
-    if "hypothesis" not in sys.modules:
-        return None
-    from hypothesis import settings
+class _Profiles:
+    """The Hypothesis profiles as the tests found them (after collection): the
+    loaded one and every registered one, put back after a test that changed
+    them.
 
-    return settings.get_current_profile_name(), settings.default
-
-
-def _restore_profile(saved: tuple[str, Any] | None) -> tuple[str, Any] | None:
-    """Put back the Hypothesis profile the tests started with where a test
-    changed it, and return what is now loaded.
-
-    A test, or an import it makes, may load another profile for the rest of
-    the process: importing ``torch.testing._internal.common_utils`` loads
-    PyTorch's ``dev`` profile (10 examples, no database) and registers it
-    over a ``dev`` of the user's. Every later test would run with it, and in
-    a world where only some ranks ran that test (a sub-world), the ranks
-    would disagree on their settings.
+    A test, or an import it makes, may change them for the rest of the
+    process: importing ``torch.testing._internal.common_utils`` registers
+    PyTorch's ``dev`` profile (10 examples, no database) over a ``dev`` of
+    the user's, and loads it. Every later test would run with it, and in a
+    world where only some ranks ran that test (a sub-world), the ranks would
+    disagree on their settings.
     """
-    if saved is None:
-        return _profile_now()
-    from hypothesis import settings
 
-    name, default = saved
-    if settings.default is default:
-        return saved
-    settings.register_profile(name, default)
-    settings.load_profile(name)
-    return name, settings.default
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.default: Any = None
+        self.registered: dict[str, Any] = {}
+
+    def remember(self) -> None:
+        if "hypothesis" not in sys.modules:
+            return
+        from hypothesis import settings
+
+        self.name, self.default = settings.get_current_profile_name(), settings.default
+        # NOTE: Hypothesis lists its profiles only in this private dict; they
+        # are read here, and written back through the public API.
+        self.registered = dict(getattr(settings, "_profiles", {}))
+
+    def restore(self) -> None:
+        if self.name is None:  # no collection seen (or no Hypothesis then)
+            self.remember()
+            return
+        from hypothesis import settings
+
+        for name, kept in self.registered.items():
+            if settings.get_profile(name) is not kept:
+                settings.register_profile(name, kept)
+                self.registered[name] = settings.get_profile(name)
+        if settings.default is not self.default or \
+                settings.get_current_profile_name() != self.name:
+            settings.load_profile(self.name)
+            self.default = settings.default
 
 
 def _start_run(test: Any, wrapped_test: Any, settings: Any, stuff: Any) -> _Run | None:
@@ -199,15 +212,15 @@ class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.calls: dict[str, int] = {}
-        self.profile: tuple[str, Any] | None = None
+        self.profiles = _Profiles()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.profile = _profile_now()
+        self.profiles.remember()
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        self.profile = _restore_profile(self.profile)
+        self.profiles.restore()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item):

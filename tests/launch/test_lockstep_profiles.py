@@ -3,8 +3,9 @@ with is put back after each test) and launch/hypo/run.py (the ranks agree on
 a run's settings before it starts), black-box from a repository with no
 conftest, under torchrun N=2 and plain pytest.
 
-Importing ``torch.testing._internal.common_utils`` loads PyTorch's own ``dev``
-profile (10 examples, no database) for the rest of the process. When only
+Importing ``torch.testing._internal.common_utils`` registers PyTorch's own
+``dev`` profile (10 examples, no database) over the repository's ``dev`` and
+loads it for the rest of the process. When only
 some ranks import it (a test of a 2-rank sub-world in a 4-rank job), a later
 ``find()`` reads the example database on the other ranks only, and every
 rank waited for the others until the lockstep timeout.
@@ -31,8 +32,12 @@ def _record(name, value):
         f.write(repr(value))
 
 
+settings.register_profile("dev", max_examples=40)  # a repository's own "dev"
+
+
 def test_a_import_on_rank_zero_loads_pytorchs_profile():
-    _record("before", (settings.get_current_profile_name(), settings.default.max_examples))
+    _record("before", (settings.get_current_profile_name(), settings.default.max_examples,
+                       settings.get_profile("dev").max_examples))
     if RANK == "0":
         import torch.testing._internal.common_utils  # noqa: F401
         assert settings.default.max_examples == 10  # PyTorch's "dev" profile
@@ -40,6 +45,7 @@ def test_a_import_on_rank_zero_loads_pytorchs_profile():
 
 def test_b_find_after_it_runs_with_the_sessions_profile():
     _record("after", (settings.get_current_profile_name(), settings.default.max_examples,
+                      settings.get_profile("dev").max_examples,
                       settings.default.database is None))
     assert find(st.integers(0, 100), lambda x: x > 50) == 51
 
@@ -84,7 +90,7 @@ def test_a_profile_loaded_by_a_test_on_some_ranks_does_not_outlive_it(tmp_path):
     before = [(tmp_path / f"before.rank{r}").read_text() for r in (0, 1)]
     after = [(tmp_path / f"after.rank{r}").read_text() for r in (0, 1)]
     assert before[0] == before[1] and after[0] == after[1], (before, after)
-    assert eval(after[0])[:2] == eval(before[0]) and eval(after[0])[2] is False, after
+    assert eval(after[0]) == (*eval(before[0]), False), (before, after)
     # the third test: refused at once on every rank, naming the settings
     assert "different Hypothesis settings" in out, out[-5000:]
     assert "max_examples=3" in out and "did not report within" not in out, out[-5000:]
