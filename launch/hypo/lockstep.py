@@ -8,6 +8,8 @@ itself, an inner ``@given`` function the test calls (the ``distributed_inputs``
 docstring pattern), ``find()``, stateful machines (all of them are ``@given``
 runs underneath). Per run it
 
+- checks that every rank starts it with the same settings (examples, phases,
+  database), else raises ``LockstepDivergence`` at once on every rank;
 - gives every rank the same seed: ``@seed``/``derandomize`` as written (those
   are the same everywhere), else one seed chosen by rank 0 and shared;
 - turns off what differs between processes: deadlines, timing health checks,
@@ -23,6 +25,9 @@ Exchanges go over a ``PrefixStore`` of the default store, never the process
 group (a failed example may have left it mid-collective). ``strategy.example()``
 inside a world test draws from the process's own random state, so it raises
 on every rank with what to write instead.
+
+After every test, the Hypothesis profiles (the loaded one and every
+registered one) are put back as the tests found them after collection.
 
 The ``ci``/``dev``/``fuzz`` profiles are not registered here (that would change
 every repository's Hypothesis settings): ``launch.hypo.profiles`` does,

@@ -1,8 +1,9 @@
 """One Hypothesis run (one ``@given`` call) of a multi-rank test on one rank.
 
-Per run: one seed for every rank, the database read by rank 0 only, and
-after every example an exchange over the store of a digest of the choices
-and of the drawn values, then the agreed outcome. See ``launch.hypo.lockstep``
+Per run: the settings agreed by every rank before it starts, one seed for
+every rank, the database read by rank 0 only, and after every example an
+exchange over the store of a digest of the choices and of the drawn values,
+then the agreed outcome. See ``launch.hypo.lockstep``
 for how a run is started.
 """
 
