@@ -3,7 +3,8 @@
 The pure core of ``dtensor.random`` (which re-exports ``philox4x32`` and
 ``global_indices``): the Philox bijection, the word stream of a ``(seed,
 offset)`` pair, and ``_generate``, which turns the words of a rectangular block
-of a global tensor into values. Nothing here keeps state.
+of a global tensor into values. Nothing here keeps state but the scratch
+buffers eager draws reuse per thread.
 
 Word ``k`` of the stream for ``(seed, offset)`` is word ``k % 4`` of
 ``philox4x32_10((g & M32, g >> 32, offset & M32, offset >> 32), (seed & M32,
@@ -124,10 +125,11 @@ class _Stream:
     call; the caller may overwrite it.
     """
 
-    def __init__(self, seed: int, offset: int, max_groups: int, device) -> None:
+    def __init__(self, seed: int, offset: int, max_groups: int, device,
+                 like: Tensor | None = None) -> None:
         self.k0, self.k1 = seed & _M32, (seed >> 32) & _M32
         self.c2, self.c3 = offset & _M32, (offset >> 32) & _M32
-        self.lanes, self.scratch, self.words = _workspace(max(1, max_groups), device)
+        self.lanes, self.scratch, self.words = _workspace(max(1, max_groups), device, like)
 
     def groups(self, g: Tensor | int, count: int, g_hi: int | None) -> Tensor:
         """Words ``[count, 4]`` of groups ``g`` (int64 tensor) or ``g .. g + count - 1``.
@@ -170,22 +172,36 @@ class _Stream:
 _local = threading.local()
 
 
-def _workspace(n: int, device) -> tuple[Tensor, Tensor, Tensor]:
+def _workspace(n: int, device, like: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Buffers (lanes ``[4, n]``, scratch ``[n]``, words ``[n, 4]``), int64.
 
     Up to ``_CHUNK`` groups they are kept per thread and device and reused by
     the next call (``9 * 8 * _CHUNK`` bytes): re-faulting fresh pages on every
-    call cost as much as the arithmetic.
+    call cost as much as the arithmetic. Only plain eager calls share them
+    (``_eager``): ``like`` is a tensor the words will be mixed with.
     """
     dev = torch.device("cpu" if device is None else device)
     cap = _CHUNK + 1  # a pass of 4 * _CHUNK words may straddle _CHUNK + 1 groups
-    if n > cap:
+    if n > cap or not _eager(like):
         return _alloc(n, dev)
     cache = _local.__dict__.setdefault("buffers", {})
     bufs = cache.get(dev)
     if bufs is None or bufs[1].numel() < n:
         bufs = cache[dev] = _alloc(max(n, cap), dev)
     return bufs
+
+
+def _eager(like: Tensor | None) -> bool:
+    """Whether this draw runs on real tensors outside any tracing.
+
+    Under a dispatch mode (FakeTensorMode, functionalization: export,
+    torch.compile's tracing, memory estimators) a buffer made here is not a
+    real tensor, and a kept real buffer cannot take a traced value: either
+    way a shared buffer would break this draw or a later eager one.
+    """
+    if like is not None and type(like) is not Tensor:
+        return False
+    return not torch._C._len_torch_dispatch_stack() and not torch.compiler.is_compiling()
 
 
 def _alloc(n: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -203,7 +219,7 @@ def _philox_groups(g: Tensor, g_hi: int | None, offset: int, seed: int) -> Tenso
     """
     n = g.numel()
     out = torch.empty((n, 4), dtype=torch.int64, device=g.device)
-    stream = _Stream(seed, offset, min(n, _CHUNK), g.device)
+    stream = _Stream(seed, offset, min(n, _CHUNK), g.device, g)
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
         out[start:stop] = stream.groups(g[start:stop], stop - start, g_hi)

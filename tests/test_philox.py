@@ -1,7 +1,8 @@
 """Covers: dtensor/_philox.py and the counter mapping of dtensor/random.py
 (pure; no process group): Random123's known answers for philox4x32-10, the
 batched and wide-counter forms, and the documented mapping from a global
-element index to its stream words, up to indices near 2**40."""
+element index to its stream words, up to indices near 2**40; draws under
+FakeTensorMode next to eager draws in one thread."""
 
 from __future__ import annotations
 
@@ -123,3 +124,27 @@ def test_int64_spans_above_2_63_use_all_64_bits(low: int) -> None:
     assert torch.equal(part, got[1:, 7:37])
     with pytest.raises(ValueError, match=r"2\*\*64"):
         R.randint_block(seed, offset, gs, (0, 0), gs, low=-(2**63) - 1, high=high)
+
+
+@pytest.mark.parametrize("eager_first", [True, False])
+def test_draws_under_fake_tensors_leave_eager_draws_alone(eager_first: bool) -> None:
+    # export, torch.compile's tracing and memory estimators draw under
+    # FakeTensorMode in the same thread as eager draws
+    from torch._subclasses import FakeTensorMode
+
+    x = torch.randn(64, 64)
+
+    def eager() -> torch.Tensor:
+        R.manual_seed(3)
+        return R.dropout(x, 0.3)
+
+    first = eager() if eager_first else None
+    with FakeTensorMode() as mode:
+        for _ in range(2):
+            got = R.dropout(mode.from_tensor(x), 0.3)
+            assert got.shape == x.shape and type(got).__name__ == "FakeTensor"
+    again = eager()
+    assert type(again) is torch.Tensor
+    if first is not None:
+        assert torch.equal(first, again)
+    assert 0.5 < (again == 0).float().mean().item() / 0.3 < 1.5
