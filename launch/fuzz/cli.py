@@ -41,6 +41,7 @@ from typing import Any
 from launch.fuzz import rank as R
 from launch.fuzz.replay import DEFAULT_DB, replay_line
 from launch.fuzz.session import STATE_NAME, Failure, Session
+from launch.sim.malloc import without_thread_caches
 
 GRACE = 20.0  # seconds a world may run past the budget (its last slice) before it is stopped
 
@@ -225,6 +226,7 @@ def _world(args: argparse.Namespace, pytest_args: list[str], run_dir: Path, db: 
     pytest_cmd = ["-m", "pytest", *PLUGINS, "-p", "no:cacheprovider", "-q",
                   "--hypothesis-profile=fuzz", f"--dist-timeout={max(600.0, args.hang * 2)}"]
     if args.sim:  # one process; the launcher's hang watch below still applies
+        env = without_thread_caches(env)  # one rank thread each: see launch.sim.malloc
         env[R.SIM_ENV] = str(args.sim)
         cmd = [sys.executable, *pytest_cmd, "--dist-sim", *pytest_args]
     else:

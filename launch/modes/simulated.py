@@ -10,9 +10,9 @@ combined as in a real world: all pass, or the test fails with every failing
 rank's error, or all skip.
 
 Where it runs: plain ``pytest`` and each pytest-xdist worker (``-n 2``: each
-worker hosts the simulated worlds of the tests it gets). Not under torchrun:
-a simulated world lives in one process, so ``--dist-sim`` there is a usage
-error (run plain ``pytest --dist-sim``).
+worker hosts the simulated worlds of the tests it gets; it starts with
+glibc's per-thread caches off, ``launch.sim.malloc``). Not under torchrun: a
+simulated world lives in one process (``--dist-sim`` there is a usage error).
 
 A failure prints two ``Replay:`` lines, simulated and real (``torchrun`` at
 the same world size). ``--dist-sim-confirm`` re-runs each simulated failure
@@ -20,10 +20,10 @@ on a real world of that size (up to ``--dist-sim-confirm-max`` ranks) before
 reporting it: a failure the real world does not reproduce is labelled a
 simulator fault.
 
-The ``dist_sim_rank_init`` ini option names a ``module:function`` called as
-``function(rank, size)`` on every rank thread when it starts, where a runtime
-makes its per-rank state per thread (this repository: ``dtensor._rank_state:
-enter_rank``). The service itself never imports the runtime.
+The ini option ``dist_sim_rank_init`` (``module:function``) is called as
+``function(rank, size)`` on every rank thread as it starts: a runtime's
+per-rank state (here ``dtensor._rank_state:enter_rank``; the service never
+imports the runtime).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import pytest
 from launch.agree import RankFailure
 from launch.sim import world as sim
 from launch.sim.inner_given import refusing
+from launch.sim.malloc import one_malloc_arena, thread_cache_hint, without_thread_caches
 from launch.sim.threaded import entered
 from launch.world import World, timeout_of, world_size_of
 
@@ -73,9 +74,8 @@ class SimMode:
     store = None  # the ranks are threads of this process
 
     def __init__(self, config: pytest.Config) -> None:
-        from launch.sim.world import one_malloc_arena
-
         one_malloc_arena()  # before torch or pytest start threads of their own
+        os.environ.update(without_thread_caches(os.environ))  # for re-runs it starts
         self.config = config
         spec = config.getini("dist_sim_rank_init")
         self.rank_init = _load(spec) if spec else None
@@ -222,18 +222,19 @@ class SimMode:
             extra.append(f"--hypothesis-profile={profile}")
         return extra
 
+    def _command(self, head: str, *run: str, env: dict | None = None) -> str:
+        extra = self._extra()  # VAR=value words go before the command
+        words = dict(w.split("=", 1) for w in extra if "=" in w and not w.startswith("-"))
+        words.update(env or {})  # a smaller world's own settings win
+        return " ".join([head, *(f"{k}={v}" for k, v in words.items()), *run,
+                         *(w for w in extra if "=" not in w or w.startswith("-"))])
+
     def replay(self, item: pytest.Item, n: int) -> str:
-        extra = self._extra()
-        env = [w for w in extra if "=" in w and not w.startswith("-")]
-        rest = [w for w in extra if w not in env]
-        return " ".join(["Replay:", *env, "pytest", "--dist-sim", f"'{item.nodeid}'", *rest])
+        return self._command("Replay:", "pytest", "--dist-sim", f"'{item.nodeid}'")
 
     def real_replay(self, item: pytest.Item, n: int) -> str:
-        extra = self._extra()
-        env = [w for w in extra if "=" in w and not w.startswith("-")]
-        rest = [w for w in extra if w not in env]
-        return " ".join(["Replay (real world):", *env, "torchrun", f"--nproc_per_node={n}",
-                         "-m", "pytest", f"'{item.nodeid}'", *rest])
+        return self._command("Replay (real world):", "torchrun", f"--nproc_per_node={n}",
+                             "-m", "pytest", f"'{item.nodeid}'")
 
     def _rerun(self, nodeid: str, more_env: dict, sim: bool) -> subprocess.CompletedProcess:
         extra = self._extra()
@@ -293,15 +294,9 @@ class SimMode:
             offered, found = False, None
         if found is not None:
             m, nodeid, env = found
-            words = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in self._extra()
-                     if "=" in w and not w.startswith("-")}
-            words.update(env)  # the smaller world's own settings win
-            words = [f"{k}={v}" for k, v in words.items()]
-            rest = [w for w in self._extra() if w.startswith("-")]
-            lines.append(" ".join([f"Replay (smallest real world that reproduces it in "
-                                   f"simulation, {m} ranks):", *words, "torchrun",
-                                   f"--nproc_per_node={m}", "-m", "pytest", f"'{nodeid}'",
-                                   *rest]))
+            lines.append(self._command(
+                f"Replay (smallest real world that reproduces it in simulation, {m} ranks):",
+                "torchrun", f"--nproc_per_node={m}", "-m", "pytest", f"'{nodeid}'", env=env))
             n = m
         elif offered:
             lines.append(f"Smallest world: {n} ranks (no smaller simulated world failed it "
@@ -328,7 +323,8 @@ class SimMode:
             " | ".join(tail)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        _summary_line(terminalreporter, self.sizes, self.examples, "threads of this process")
+        _summary_line(terminalreporter, self.sizes, self.examples, "threads of this process",
+                      thread_cache_hint(max(self.sizes, default=0)))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         for w in list(sim._worlds.values()):
@@ -346,6 +342,7 @@ class SimTally:
     (what ``bench/sim_throughput.py --sim-workers`` reads)."""
 
     def __init__(self) -> None:
+        os.environ.update(without_thread_caches(os.environ))  # before the workers start
         self.sizes: set[int] = set()
         self.examples = 0
 
@@ -360,11 +357,14 @@ class SimTally:
                       "threads of each xdist worker")
 
 
-def _summary_line(terminalreporter: Any, sizes: set[int], examples: int, where: str) -> None:
+def _summary_line(terminalreporter: Any, sizes: set[int], examples: int, where: str,
+                  hint: str | None = None) -> None:
     if sizes:
         terminalreporter.write_line(
             f"launch: simulated worlds of {', '.join(str(n) for n in sorted(sizes))} ranks "
             f"({where}); {examples} hypothesis examples")
+    if hint:
+        terminalreporter.write_line(hint)
 
 
 def _freeze_heap(young_only: bool = False) -> None:
@@ -375,11 +375,10 @@ def _freeze_heap(young_only: bool = False) -> None:
     objects), which every full collection would walk again (about a tenth
     of a 4-rank property run). Frozen objects are still freed by
     reference counting; only a cycle among them that becomes garbage later is
-    kept, so this runs where little is alive but the process's own state: at
-    the end of collection (a full collection first) and between test modules
-    (the young generations only: a full collection there would walk the
-    whole previous module's survivors; a cycle that died in the old generation since the collector's last full
-    pass is frozen with the rest, a bounded leak per module).
+    kept, so this runs where little is alive but the process's own state: after
+    collection (a full collection first) and between test modules (the young
+    generations only, not the previous module's survivors: a cycle that died
+    in the old generation since the last full pass stays, a bounded leak).
     """
     gc.collect(1 if young_only else 2)
     gc.freeze()

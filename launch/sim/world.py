@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.sim import collectives
+from launch.sim.malloc import one_malloc_arena
 from launch.sim.threaded import unpark_collectives
 from launch.sim.turn import _Waiter, turn
 
-__all__ = ["SIM_DEADLINE_RANKS", "Outcome", "SimAbort", "SimWorld", "one_malloc_arena", "sim_deadline",
+__all__ = ["SIM_DEADLINE_RANKS", "Outcome", "SimAbort", "SimWorld", "sim_deadline",
            "world"]
 
 
@@ -299,26 +300,3 @@ def world(n: int, rank_init: Callable[[int, int], Any] | None = None) -> SimWorl
     if w is None or w.broken:
         w = _worlds[n] = SimWorld(n, rank_init)
     return w
-
-
-def one_malloc_arena() -> None:
-    """Let glibc's malloc keep one arena for the threads made after this
-    (called as early as a simulated run is known, and again at a world's start).
-
-    glibc gives threads arenas of their own (up to 8 per core), each holding
-    freed memory apart; a world of 1,024 rank threads spread small blocks
-    over all of them: 0.60 GB peak for ``bench/sim_scale.py`` at 1,024 ranks,
-    0.55 GB with one arena and no slower (the GIL lets one thread run at a
-    time, so they never wait on malloc's lock). Elsewhere than glibc: nothing.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or "libc.so" not in name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(-8, 1)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        return
