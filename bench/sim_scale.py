@@ -22,6 +22,12 @@ every rank's values included, as each rank of ours checks its own). Every
 includes the interpreter and torch, ~0.3 GB) is its own; each process's whole
 wall time is printed too.
 
+Both processes start with glibc's per-thread caches of freed blocks off
+(``GLIBC_TUNABLES=glibc.malloc.tcache_count=0``, what ``launch.sim.malloc``
+gives pytest-xdist workers and fuzzing worlds, and what plain ``pytest
+--dist-sim`` suggests at 256 ranks and more); ``--glibc-tcache`` keeps glibc's
+default in both, where each of our rank threads keeps its own cache.
+
 Both sides make the inputs and the single-device result once, before the
 timing (``--inputs body`` has every rank of ours make its own, as a test
 written for a real world would), and import ``torch.distributed.tensor``
@@ -32,6 +38,7 @@ before it (``torch.testing.assert_close`` imports it on first use).
     python bench/sim_scale.py --timeout 300            # give up on a side after 300 s
     python bench/sim_scale.py --sizes 512 --repeat 3   # the median of 3 runs per side
     python bench/sim_scale.py --sizes 1024 --side ours --inputs body
+    python bench/sim_scale.py --sizes 1024 --glibc-tcache  # glibc's default caches
 
 Run it on a quiet machine (it runs one process at a time); it prints a
 markdown table.
@@ -154,7 +161,13 @@ def _run(cmd: list[str], env: dict, timeout: float) -> tuple[int, float, float, 
     return rc, wall, usage.ru_maxrss / 2**20, out  # ru_maxrss is in KiB on Linux
 
 
-def ours(n: int, timeout: float, inputs: str = "module") -> dict:
+def _env(tcache: bool) -> dict:
+    from launch.sim.malloc import without_thread_caches
+
+    return dict(os.environ) if tcache else without_thread_caches(os.environ)
+
+
+def ours(n: int, timeout: float, inputs: str = "module", tcache: bool = False) -> dict:
     here = _INPUTS if inputs == "module" else ""
     body = textwrap.indent(_INPUTS, "    ") if inputs == "body" else ""
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,7 +178,7 @@ def ours(n: int, timeout: float, inputs: str = "module") -> dict:
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--dist-sim",
                "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
                f"--junitxml={junit}", str(test)]
-        rc, wall, peak, out = _run(cmd, dict(os.environ), timeout)
+        rc, wall, peak, out = _run(cmd, _env(tcache), timeout)
         took = None
         if rc == 0 and junit.exists():
             case = next(ET.parse(junit).getroot().iter("testcase"))
@@ -173,9 +186,9 @@ def ours(n: int, timeout: float, inputs: str = "module") -> dict:
     return {"rc": rc, "wall": wall, "peak": peak, "scenario": took, "out": out}
 
 
-def theirs(n: int, timeout: float) -> dict:
+def theirs(n: int, timeout: float, tcache: bool = False) -> dict:
     script = _TORCH_SCRIPT.format(n=n, shape=SHAPES_3D[n])
-    rc, wall, peak, out = _run([sys.executable, "-c", script], dict(os.environ), timeout)
+    rc, wall, peak, out = _run([sys.executable, "-c", script], _env(tcache), timeout)
     took = None
     for line in out.splitlines():
         if line.startswith("SCENARIO_S "):
@@ -213,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run each (size, side) this many times, alternating the sides, "
                         "and keep the median run (a shared machine's speed drifts)")
+    p.add_argument("--glibc-tcache", action="store_true",
+                   help="start both processes with glibc's per-thread caches of freed "
+                        "blocks on (glibc's default) rather than off")
     p.add_argument("-v", "--verbose", action="store_true", help="print failing output")
     args = p.parse_args(argv)
     if args.repeat < 1:
@@ -226,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         runs_a, runs_b = [], []
         for _ in range(args.repeat):
             if args.side in ("both", "ours"):
-                runs_a.append(ours(n, args.timeout, args.inputs))
+                runs_a.append(ours(n, args.timeout, args.inputs, args.glibc_tcache))
             if args.side in ("both", "torch"):
-                runs_b.append(theirs(n, args.timeout))
+                runs_b.append(theirs(n, args.timeout, args.glibc_tcache))
         a, b = _median(runs_a), _median(runs_b)
         for name, r in (("ours", a), ("LocalTensorMode", b)):
             if r is not None and r["scenario"] is None and args.verbose:
