@@ -12,10 +12,11 @@ KB per thread is tens of MB. Two settings take that back:
   process that started without it says so once it hosts a big world
   (``thread_cache_hint``).
 
-Measured with ``bench/sim_scale.py`` at 1,024 ranks (2026-11-30): the check
-``assert_close`` of every rank left about 58 KB per rank thread in those
-caches; the scenario's peak is 0.62 GB with them, 0.48 GB without. Elsewhere
-than glibc nothing here does anything.
+At 1,024 ranks one ``assert_close`` on every rank left about 58 KB per rank
+thread in those caches (the process's VmRSS before and after it), and the
+scenario of ``bench/sim_scale.py --sizes 1024`` peaks at 0.48 GB without
+them, 0.60 GB with them (``--glibc-tcache``; 2026-11-30, commit 13338b0).
+Elsewhere than glibc nothing here does anything.
 
 Example::
 
