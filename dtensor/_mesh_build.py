@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from dtensor import _comm
-from dtensor._mesh_layout import Layout, _layout_of, _row_major, shared_layout, unravel
+from dtensor._mesh_layout import (
+    Layout,
+    _layout_of,
+    _row_major,
+    real_tensors,
+    shared_layout,
+    unravel,
+)
 from dtensor.errors import MeshAxisError, MeshError
 
 # A dtensor.mesh.DeviceMesh: this module sits below dtensor.mesh and never
@@ -178,11 +185,11 @@ def select(mesh: _Mesh, names) -> _Mesh:
         return mesh
     coord = mesh.get_coordinate() or (0,) * mesh.ndim
     index = tuple(slice(None) if a in axes else coord[a] for a in range(mesh.ndim))
-    grid = mesh.mesh[index]
     kept = sorted(axes)
-    # Indexing keeps axes in mesh order; put them in the asked order, merged.
-    grid = grid.permute([kept.index(a) for a in axes])
-    grid = grid.reshape([math.prod(mesh.shape[a] for a in g) for g in groups])
+    with real_tensors():
+        # Indexing keeps axes in mesh order; put them in the asked order, merged.
+        grid = mesh.mesh[index].permute([kept.index(a) for a in axes])
+        grid = grid.reshape([math.prod(mesh.shape[a] for a in g) for g in groups])
     out_names = (
         tuple(n if len(g) > 1 else mesh.mesh_dim_names[g[0]] for n, g in zip(names, groups, strict=True))
         if mesh.mesh_dim_names else None
@@ -226,9 +233,11 @@ def flatten(mesh: _Mesh, name: str | None = None) -> _Mesh:
             f"{tuple(names[a] for a in merged)}. Pick another name"
         )
     root._flattened[name] = merged
+    with real_tensors():
+        grid = mesh.mesh.reshape(-1)
     return type(mesh)(
         mesh.device_type,
-        mesh.mesh.reshape(-1),
+        grid,
         mesh_dim_names=(name,),
         _init_backend=mesh._init_backend,
         _root=root,
@@ -254,15 +263,15 @@ def validate(device_type, mesh, mesh_dim_names, init_backend: bool):
     if known is not None:  # a layout checked before: skip the O(ranks) checks
         return _check_fit(known, mesh_dim_names, init_backend)
     try:
-        grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
+        with real_tensors():
+            grid = torch.as_tensor(mesh, dtype=torch.int64, device="cpu")
+            grid = grid.reshape(1) if grid.ndim == 0 else grid
+            ranks = tuple(grid.flatten().tolist())
     except (TypeError, ValueError, RuntimeError) as e:
         raise MeshError(
             f"DeviceMesh: mesh must be a (nested) list or tensor of ranks, "
             f"got {mesh!r} ({e})"
         ) from None
-    if grid.ndim == 0:
-        grid = grid.reshape(1)
-    ranks = tuple(grid.flatten().tolist())
     if len(set(ranks)) != len(ranks) or any(r < 0 for r in ranks):
         raise MeshError(
             f"DeviceMesh: each rank may appear once and ranks are >= 0, got {ranks}"
@@ -342,5 +351,6 @@ def mesh_from_fx(cls, device_type, ranks, shape, mesh_dim_names, rank, world) ->
 
 
 def unpickle_mesh(cls, device_type, ranks, shape, mesh_dim_names) -> _Mesh:
-    grid = torch.tensor(ranks, dtype=torch.int64).reshape(shape)
+    with real_tensors():
+        grid = torch.tensor(ranks, dtype=torch.int64, device="cpu").reshape(shape)
     return cls(device_type, grid, mesh_dim_names=mesh_dim_names)

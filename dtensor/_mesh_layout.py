@@ -9,6 +9,7 @@ from it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -17,7 +18,26 @@ import torch
 
 from dtensor.errors import MeshError
 
-__all__ = ["Layout", "shared_layout", "unravel"]
+__all__ = ["Layout", "real_tensors", "shared_layout", "unravel"]
+
+
+def real_tensors() -> contextlib.AbstractContextManager:
+    """A context for work on mesh grids, which are metadata: real tensors even
+    while ``FakeTensorMode``, a tracing mode or another dispatch mode is on.
+
+    A grid made under ``FakeTensorMode`` would be fake, and a kept layout
+    holding it would break every later mesh of that layout in the process;
+    a real grid read under it raises. Free when no mode is on.
+
+    Example:
+        >>> with real_tensors():
+        ...     grid = torch.arange(4, device="cpu")
+    """
+    if not torch._C._len_torch_dispatch_stack():
+        return contextlib.nullcontext()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 
 
 def unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
@@ -80,7 +100,7 @@ class Layout:
         if got is None:
             index = list(coordinate)
             index[axis] = slice(None)
-            with _shared_lock:
+            with _shared_lock, real_tensors():
                 got = self._lines.setdefault(key, tuple(self.grid[tuple(index)].tolist()))
         return got
 
@@ -101,7 +121,8 @@ def shared_layout(ranks: tuple[int, ...], grid: torch.Tensor) -> Layout:
             if len(_shared) >= _SHARED_MAX:
                 old = _shared.pop(next(iter(_shared)))  # the oldest
                 _by_grid.pop(id(old.grid), None)
-            hit = _shared[key] = Layout(ranks, grid.clone())
+            with real_tensors():
+                hit = _shared[key] = Layout(ranks, grid.clone())
             _by_grid[id(hit.grid)] = hit
     return hit
 
@@ -119,7 +140,8 @@ def _row_major(shape: tuple[int, ...]) -> torch.Tensor:
     """The shared grid of ranks ``0 .. prod(shape) - 1`` in ``shape``, row-major."""
     grid = _row_majors.get(shape)
     if grid is None or _layout_of(grid) is None:  # new, or its layout was evicted
-        arange = torch.arange(math.prod(shape)).reshape(shape)
+        with real_tensors():  # and on the CPU under ``with torch.device("meta")``
+            arange = torch.arange(math.prod(shape), device="cpu").reshape(shape)
         grid = shared_layout(tuple(range(arange.numel())), arange).grid
         with _shared_lock:
             if len(_row_majors) >= _SHARED_MAX:

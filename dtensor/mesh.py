@@ -341,7 +341,9 @@ class DeviceMesh:
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
-        return f"DeviceMesh({self.device_type!r}, {self.mesh.tolist()}{names})"
+        with _mesh_build.real_tensors():
+            ranks = self.mesh.tolist()
+        return f"DeviceMesh({self.device_type!r}, {ranks}{names})"
 
     def __str__(self) -> str:
         names = self.mesh_dim_names or tuple(f"a{i}" for i in range(self.ndim))
